@@ -1,0 +1,411 @@
+//! Key columns: validation, vectorised hashing and a compact equality encoding.
+//!
+//! Every key column is first brought to a *canonical* array: dictionaries are replaced by
+//! their values and booleans by `UInt8`, so that the same logical key hashes and encodes
+//! identically whether a file stores it dictionary-encoded or plain, and whether strings
+//! use 32-bit, 64-bit or view offsets. After that, a column is one of two shapes:
+//!
+//! * **fixed**: `width` bytes per row (integers, dates, timestamps, decimals, fixed-size
+//!   binary such as UUIDs), read straight from the values buffer;
+//! * **variable**: a byte string per row (every string and binary layout).
+//!
+//! Hashing walks one whole column at a time and folds it into a `Vec<u64>` of row hashes.
+//! The hash is only a filter: keys are always compared in full (see [`KeyRows`]).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::buffer::{Buffer, NullBuffer};
+use arrow::compute::{CastOptions, cast_with_options};
+use arrow::datatypes::{DataType, Field};
+use arrow::error::ArrowError;
+use twox_hash::XxHash3_64;
+
+/// Seed mixed into every hash so that key hashes do not collide with other hashers' outputs.
+const SEED: u64 = 0x5eed_1de3_0000_0001;
+/// The hash of a null value: equal for every null, so nulls group together.
+const NULL_HASH: u64 = 0x6e75_6c6c_6e75_6c6c;
+
+/// Mixes 64 bits into a well-distributed hash (a folded 64×64→128 multiply).
+#[inline]
+fn mix(value: u64) -> u64 {
+    let product = u128::from(value ^ SEED).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// Folds the hash of one more column into a row's running hash.
+#[inline]
+fn combine(running: u64, column_hash: u64) -> u64 {
+    mix(running.rotate_left(23) ^ column_hash)
+}
+
+#[inline]
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    XxHash3_64::oneshot_with_seed(SEED, bytes)
+}
+
+/// The logical class of a key column. Batches of one dedup must agree on it column by
+/// column; physical layouts inside a class (dictionary or plain, 32/64-bit offsets or
+/// views) may differ from batch to batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyClass {
+    /// Fixed-width values compared bit for bit; the data type (time zone dropped) identifies it.
+    Fixed(DataType),
+    /// Text of any string layout.
+    Text,
+    /// Bytes of any binary layout.
+    Bytes,
+}
+
+impl KeyClass {
+    /// The class of a key column of type `data_type`, or an error naming `column`.
+    pub fn of(column: &str, data_type: &DataType) -> Result<Self, ArrowError> {
+        use DataType::*;
+        Ok(match data_type {
+            Dictionary(_, values) => return Self::of(column, values),
+            Utf8 | LargeUtf8 | Utf8View => Self::Text,
+            Binary | LargeBinary | BinaryView => Self::Bytes,
+            // An instant is the same whatever zone it is displayed in.
+            Timestamp(unit, _) => Self::Fixed(Timestamp(*unit, None)),
+            Boolean => Self::Fixed(UInt8),
+            Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Date32 | Date64
+            | Time32(_) | Time64(_) | Decimal128(_, _) | FixedSizeBinary(_) => {
+                Self::Fixed(data_type.clone())
+            }
+            other => {
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "key column '{column}' has type {other}, which cannot be a key: use integers, \
+                     strings, binary, fixed-size binary, dates, timestamps, decimals or booleans"
+                )));
+            }
+        })
+    }
+
+    fn matches(&self, other: &Self) -> bool {
+        match (self, other) {
+            // Decimals of one scale denote the same numbers whatever their precision.
+            (Self::Fixed(DataType::Decimal128(_, a)), Self::Fixed(DataType::Decimal128(_, b))) => {
+                a == b
+            }
+            _ => self == other,
+        }
+    }
+}
+
+/// The key columns of a dedup: their names and classes, fixed by the first batch.
+#[derive(Debug, Clone)]
+pub struct KeyLayout {
+    names: Vec<String>,
+    classes: Vec<KeyClass>,
+}
+
+impl KeyLayout {
+    /// Validates the key fields and records their classes.
+    pub fn try_new(fields: &[Field]) -> Result<Self, ArrowError> {
+        if fields.is_empty() {
+            return Err(ArrowError::InvalidArgumentError(
+                "a dedup needs at least one key column".to_owned(),
+            ));
+        }
+        let classes = fields
+            .iter()
+            .map(|f| KeyClass::of(f.name(), f.data_type()))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            names: fields.iter().map(|f| f.name().clone()).collect(),
+            classes,
+        })
+    }
+
+    /// Names of the key columns, in key order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Whether the key is one fixed-width column of at most 8 bytes: the case served by a
+    /// specialised table that stores keys as `u64`.
+    pub(crate) fn narrow_width(&self) -> Option<usize> {
+        match self.classes.as_slice() {
+            [KeyClass::Fixed(dt)] => fixed_width(dt).filter(|w| *w <= 8),
+            _ => None,
+        }
+    }
+
+    /// Brings a batch's key columns to their canonical arrays, checking them against the layout.
+    pub fn canonicalise(&self, columns: &[ArrayRef]) -> Result<KeyColumns, ArrowError> {
+        if columns.len() != self.classes.len() {
+            return Err(ArrowError::InvalidArgumentError(format!(
+                "expected {} key columns, got {}",
+                self.classes.len(),
+                columns.len()
+            )));
+        }
+        let num_rows = columns.first().map_or(0, |c| c.len());
+        let mut canonical = Vec::with_capacity(columns.len());
+        for ((column, class), name) in columns.iter().zip(&self.classes).zip(&self.names) {
+            let found = KeyClass::of(name, column.data_type())?;
+            if !class.matches(&found) {
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "key column '{name}' changed type between batches: {class:?} then {}",
+                    column.data_type()
+                )));
+            }
+            if column.len() != num_rows {
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "key column '{name}' has {} rows, expected {num_rows}",
+                    column.len()
+                )));
+            }
+            canonical.push(canonical_array(column)?);
+        }
+        Ok(KeyColumns {
+            columns: canonical,
+            num_rows,
+        })
+    }
+}
+
+/// Bytes per value of a fixed-width canonical type.
+fn fixed_width(data_type: &DataType) -> Option<usize> {
+    match data_type {
+        DataType::FixedSizeBinary(w) => usize::try_from(*w).ok(),
+        other => other.primitive_width(),
+    }
+}
+
+fn canonical_array(column: &ArrayRef) -> Result<ArrayRef, ArrowError> {
+    let target = match column.data_type() {
+        DataType::Dictionary(_, values) => values.as_ref().clone(),
+        DataType::Boolean => DataType::UInt8,
+        DataType::Timestamp(unit, Some(_)) => DataType::Timestamp(*unit, None),
+        _ => return Ok(Arc::clone(column)),
+    };
+    let array = cast_with_options(column, &target, &CastOptions::default())?;
+    // A dictionary of booleans still needs its second step.
+    if matches!(array.data_type(), DataType::Boolean | DataType::Timestamp(_, Some(_))) {
+        canonical_array(&array)
+    } else {
+        Ok(array)
+    }
+}
+
+/// One batch's key columns in canonical form, ready to hash and encode.
+#[derive(Debug)]
+pub struct KeyColumns {
+    columns: Vec<ArrayRef>,
+    num_rows: usize,
+}
+
+/// A view of one canonical column: fixed-width values share the array's buffer.
+enum ColumnView<'a> {
+    Fixed {
+        bytes: Buffer,
+        width: usize,
+        nulls: Option<&'a NullBuffer>,
+    },
+    Var(&'a dyn Array),
+}
+
+impl<'a> ColumnView<'a> {
+    fn of(array: &'a ArrayRef) -> Self {
+        match fixed_width(array.data_type()) {
+            Some(width) => {
+                let data = array.to_data();
+                let bytes = data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width);
+                Self::Fixed {
+                    bytes,
+                    width,
+                    nulls: array.nulls(),
+                }
+            }
+            None => Self::Var(array.as_ref()),
+        }
+    }
+}
+
+/// Calls `f(row, value)` for every row of a canonical variable-width column, with `None`
+/// for nulls. The layout is matched once per column, not per row.
+fn for_each_bytes(array: &dyn Array, mut f: impl FnMut(usize, Option<&[u8]>)) {
+    macro_rules! walk {
+        ($array:expr) => {{
+            let array = $array;
+            for row in 0..array.len() {
+                f(row, array.is_valid(row).then(|| -> &[u8] { array.value(row).as_ref() }));
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::Utf8 => walk!(array.as_string::<i32>()),
+        DataType::LargeUtf8 => walk!(array.as_string::<i64>()),
+        DataType::Utf8View => walk!(array.as_string_view()),
+        DataType::Binary => walk!(array.as_binary::<i32>()),
+        DataType::LargeBinary => walk!(array.as_binary::<i64>()),
+        DataType::BinaryView => walk!(array.as_binary_view()),
+        // `KeyLayout::canonicalise` admits no other variable-width type.
+        _ => {}
+    }
+}
+
+impl KeyColumns {
+    /// Rows in the batch.
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// The canonical arrays.
+    pub fn arrays(&self) -> &[ArrayRef] {
+        &self.columns
+    }
+
+    /// Computes one hash per row over all key columns, a whole column at a time.
+    pub fn hash_rows(&self, hashes: &mut Vec<u64>) {
+        hashes.clear();
+        hashes.resize(self.num_rows, 0);
+        for (index, column) in self.columns.iter().enumerate() {
+            let first = index == 0;
+            let fold = |running: &mut u64, h: u64| {
+                *running = if first { h } else { combine(*running, h) };
+            };
+            match ColumnView::of(column) {
+                ColumnView::Fixed { bytes, width, nulls } => {
+                    let bytes = bytes.as_slice();
+                    match width {
+                        1 | 2 | 4 | 8 => {
+                            for (row, (h, chunk)) in hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate() {
+                                let value = if nulls.is_some_and(|n| n.is_null(row)) {
+                                    NULL_HASH
+                                } else {
+                                    mix(narrow_bits(chunk))
+                                };
+                                fold(h, value);
+                            }
+                        }
+                        _ => {
+                            for (row, (h, chunk)) in hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate() {
+                                let value = if nulls.is_some_and(|n| n.is_null(row)) {
+                                    NULL_HASH
+                                } else {
+                                    hash_bytes(chunk)
+                                };
+                                fold(h, value);
+                            }
+                        }
+                    }
+                }
+                ColumnView::Var(array) => for_each_bytes(array, |row, value| {
+                    fold(&mut hashes[row], value.map_or(NULL_HASH, hash_bytes));
+                }),
+            }
+        }
+    }
+
+    /// Encodes every row's key as a byte string whose equality is key equality
+    /// (nulls equal to nulls): per column, a validity byte, then the fixed-width value, or a
+    /// 4-byte length and the bytes.
+    pub fn encode_rows(&self, rows: &mut KeyRows) {
+        let n = self.num_rows;
+        rows.offsets.clear();
+        rows.offsets.resize(n + 1, 0);
+        let views: Vec<ColumnView<'_>> = self.columns.iter().map(ColumnView::of).collect();
+        // Pass 1: the length of every row, then offsets by prefix sum.
+        let lengths = &mut rows.offsets[1..];
+        for view in &views {
+            match view {
+                ColumnView::Fixed { width, nulls, .. } => {
+                    for (row, len) in lengths.iter_mut().enumerate() {
+                        *len += 1 + if nulls.is_some_and(|n| n.is_null(row)) { 0 } else { *width };
+                    }
+                }
+                ColumnView::Var(array) => for_each_bytes(*array, |row, value| {
+                    lengths[row] += 1 + value.map_or(0, |v| 4 + v.len());
+                }),
+            }
+        }
+        for row in 0..n {
+            rows.offsets[row + 1] += rows.offsets[row];
+        }
+        // Pass 2: each column writes its part of every row.
+        rows.data.clear();
+        rows.data.resize(rows.offsets[n], 0);
+        let mut cursor: Vec<usize> = rows.offsets[..n].to_vec();
+        let data = &mut rows.data;
+        for view in &views {
+            match view {
+                ColumnView::Fixed { bytes, width, nulls } => {
+                    for (row, chunk) in bytes.as_slice().chunks_exact(*width).enumerate() {
+                        let at = cursor[row];
+                        if nulls.is_some_and(|n| n.is_null(row)) {
+                            cursor[row] = at + 1;
+                        } else {
+                            data[at] = 1;
+                            data[at + 1..at + 1 + width].copy_from_slice(chunk);
+                            cursor[row] = at + 1 + width;
+                        }
+                    }
+                }
+                ColumnView::Var(array) => for_each_bytes(*array, |row, value| {
+                    let at = cursor[row];
+                    match value {
+                        None => cursor[row] = at + 1,
+                        Some(v) => {
+                            data[at] = 1;
+                            // Key values over 4 GiB cannot occur in Arrow arrays with 32-bit
+                            // offsets and are absurd with 64-bit ones; saturating keeps the
+                            // encoding total (the bytes still follow in full).
+                            let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
+                            data[at + 1..at + 5].copy_from_slice(&len.to_le_bytes());
+                            data[at + 5..at + 5 + v.len()].copy_from_slice(v);
+                            cursor[row] = at + 5 + v.len();
+                        }
+                    }
+                }),
+            }
+        }
+    }
+
+    /// For a single fixed-width key of at most 8 bytes: each row's value as `u64` bits, or
+    /// `None` for a null.
+    pub(crate) fn narrow_values(&self, out: &mut Vec<Option<u64>>) {
+        out.clear();
+        if let Some(column) = self.columns.first()
+            && let ColumnView::Fixed { bytes, width, nulls } = ColumnView::of(column)
+        {
+            out.extend(bytes.as_slice().chunks_exact(width).enumerate().map(|(row, chunk)| {
+                (!nulls.is_some_and(|n| n.is_null(row))).then(|| narrow_bits(chunk))
+            }));
+        }
+    }
+
+    /// The number of rows with a null in any key column.
+    pub fn rows_with_null(&self) -> usize {
+        self.columns
+            .iter()
+            .fold(None::<NullBuffer>, |acc, c| {
+                NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
+            })
+            .map_or(0, |nulls| nulls.null_count())
+    }
+}
+
+/// Little-endian bits of a 1-, 2-, 4- or 8-byte value.
+#[inline]
+fn narrow_bits(chunk: &[u8]) -> u64 {
+    let mut bits = [0u8; 8];
+    bits[..chunk.len()].copy_from_slice(chunk);
+    u64::from_le_bytes(bits)
+}
+
+/// Encoded keys of one batch (see [`KeyColumns::encode_rows`]).
+#[derive(Debug, Default)]
+pub struct KeyRows {
+    data: Vec<u8>,
+    offsets: Vec<usize>,
+}
+
+impl KeyRows {
+    /// The encoded key of `row`.
+    #[inline]
+    pub fn row(&self, row: usize) -> &[u8] {
+        &self.data[self.offsets[row]..self.offsets[row + 1]]
+    }
+}

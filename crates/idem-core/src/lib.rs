@@ -1,0 +1,47 @@
+//! # idem-core: the dedup kernels
+//!
+//! Arrow-only building blocks of idem, with no I/O and no async: given a stream of
+//! [`RecordBatch`](arrow::array::RecordBatch)es, keep for every key the row with the maximum
+//! version. Every front end — the `idem` CLI, the DataFusion operator — runs these, so the
+//! semantics live here once:
+//!
+//! * **Keys** ([`key`]): one or more columns; nulls equal nulls (SQL `GROUP BY`), and a
+//!   value is the same key whether dictionary-encoded or plain, in any string layout.
+//! * **Versions** ([`version`]): one or more columns compared lexicographically; integers
+//!   (the full `u64` range), dates, timestamps, Decimal128 and PostgreSQL `pg_lsn` text. A
+//!   null version loses to any value.
+//! * **Ties** ([`TiePolicy`]): first or last in input order wins; [`TieCheck`] counts
+//!   *conflicts*, ties whose rows differ outside the key, and can refuse them.
+//! * **Deletes** ([`DeletePolicy`]): a winning tombstone removes its key, and a lower
+//!   version arriving later cannot bring it back, since it loses like any older row.
+//!
+//! The flow is two-phase so that callers can read only the key and version columns first
+//! and fetch whole rows for the winners only:
+//!
+//! ```text
+//!  batches (key, version, op) ──▶ KeepMaxTable::update ─┐   (per key: winner position,
+//!                                                        │    version, tie count)
+//!                               KeepMaxTable::finish ◀──┘
+//!                                        │
+//!            Resolution { keep: positions to emit, tie_rows, stats }
+//!                                        │
+//!          full rows at tie_rows ──▶ TieCheck::observe ──▶ conflicts
+//! ```
+//!
+//! [`dedup_batches`] runs the whole flow on batches already in memory.
+
+pub mod interner;
+pub mod key;
+mod memory;
+mod options;
+mod stats;
+mod table;
+mod ties;
+pub mod version;
+
+pub use memory::dedup_batches;
+pub use options::{DedupSpec, DeletePolicy, TiePolicy};
+pub use stats::DedupStats;
+pub use table::{KeepMaxTable, Resolution, TieRow};
+pub use ties::{TieCheck, describe_row};
+pub use version::parse_pg_lsn;

@@ -1,0 +1,147 @@
+//! Conflict detection among tied rows.
+//!
+//! Ties are the normal face of at-least-once delivery: the same event, replayed, carries the
+//! same key and version. They are harmless when the tied rows are identical; when they
+//! differ in some non-key column the producer sent two different facts under one version,
+//! and which one survives depends only on input order. A [`TieCheck`] counts such keys
+//! (`conflicts`) from a 128-bit hash of each tied row's non-key columns in Arrow's row
+//! format, and fails at the first one under [`TiePolicy::Error`].
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Schema};
+use arrow::error::ArrowError;
+use arrow::row::{RowConverter, SortField};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use twox_hash::XxHash3_128;
+
+use crate::options::{DedupSpec, TiePolicy};
+
+/// Compares the tie rows of a [`crate::Resolution`] group by group.
+#[derive(Debug)]
+pub struct TieCheck {
+    spec: DedupSpec,
+    content: Vec<String>,
+    converter: Option<RowConverter>,
+    first_hash: Vec<Option<u128>>,
+    conflicted: Vec<bool>,
+    conflicts: u64,
+}
+
+impl TieCheck {
+    /// A check for `groups` tie groups of rows of `schema`.
+    ///
+    /// # Errors
+    /// A non-key column of a type Arrow's row format cannot encode.
+    pub fn try_new(schema: &Schema, spec: &DedupSpec, groups: u32) -> Result<Self, ArrowError> {
+        let content_fields: Vec<_> = schema
+            .fields()
+            .iter()
+            .filter(|f| !spec.keys.contains(f.name()))
+            .collect();
+        let converter = if content_fields.is_empty() {
+            None
+        } else {
+            Some(RowConverter::new(
+                content_fields
+                    .iter()
+                    .map(|f| SortField::new(content_type(f.data_type())))
+                    .collect(),
+            )?)
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            content: content_fields.iter().map(|f| f.name().clone()).collect(),
+            converter,
+            first_hash: vec![None; groups as usize],
+            conflicted: vec![false; groups as usize],
+            conflicts: 0,
+        })
+    }
+
+    /// Keys whose tied rows differ, so far.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts
+    }
+
+    /// Compares a batch of tie rows (full rows, any order) whose groups are `groups`.
+    ///
+    /// # Errors
+    /// Under [`TiePolicy::Error`], the first conflicting key, named with its key and version.
+    pub fn observe(&mut self, batch: &RecordBatch, groups: &[u32]) -> Result<(), ArrowError> {
+        let hashes: Vec<u128> = match &self.converter {
+            None => vec![0; batch.num_rows()],
+            Some(converter) => {
+                let columns: Vec<ArrayRef> = self
+                    .content
+                    .iter()
+                    .map(|name| {
+                        let column = batch.column_by_name(name).ok_or_else(|| {
+                            ArrowError::SchemaError(format!("column '{name}' not found"))
+                        })?;
+                        cast(column, &content_type(column.data_type()))
+                    })
+                    .collect::<Result<_, _>>()?;
+                let rows = converter.convert_columns(&columns)?;
+                rows.iter().map(|row| XxHash3_128::oneshot(row.as_ref())).collect()
+            }
+        };
+        for (row, (&group, hash)) in groups.iter().zip(hashes).enumerate() {
+            let g = group as usize;
+            match self.first_hash[g] {
+                None => self.first_hash[g] = Some(hash),
+                Some(first) if first != hash && !self.conflicted[g] => {
+                    self.conflicted[g] = true;
+                    self.conflicts += 1;
+                    if self.spec.on_tie == TiePolicy::Error {
+                        return Err(ArrowError::ComputeError(format!(
+                            "conflicting rows for key {}: they tie at the maximum version but \
+                             differ in other columns (--on-tie error)",
+                            describe_row(batch, &self.spec, row)
+                        )));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One type per logical content, so that batches whose layouts differ (dictionary or plain,
+/// view or offset strings) compare by value.
+fn content_type(data_type: &DataType) -> DataType {
+    match data_type {
+        DataType::Dictionary(_, values) => content_type(values),
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        other => other.clone(),
+    }
+}
+
+/// `k1=v1, k2=v2 at v=7`, for messages about one row's key.
+pub fn describe_row(batch: &RecordBatch, spec: &DedupSpec, row: usize) -> String {
+    let show = |names: &[String]| {
+        names
+            .iter()
+            .map(|name| {
+                let value = batch
+                    .column_by_name(name)
+                    .and_then(|c| {
+                        let options = FormatOptions::default().with_null("null");
+                        ArrayFormatter::try_new(c.as_ref(), &options)
+                            .ok()
+                            .map(|f| f.value(row).to_string())
+                    })
+                    .unwrap_or_else(|| "?".to_owned());
+                format!("{name}={value}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if spec.versions.is_empty() {
+        format!("({})", show(&spec.keys))
+    } else {
+        format!("({}) at {}", show(&spec.keys), show(&spec.versions))
+    }
+}
