@@ -1,1 +1,271 @@
-fn main(){}
+//! The `idem` command line: argument parsing, progress and exit codes over the `idem` jobs.
+//!
+//! Exit codes: 0 success, 1 the job failed (bad input, conflicting tie under
+//! `--on-tie error`, I/O), 2 bad usage.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use idem::idem_core::{DedupSpec, DeletePolicy, TiePolicy};
+use idem::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, GenerateOptions, Progress};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// idem: exactly-once results from at-least-once event batches.
+///
+/// Keeps, for every key, the row with the highest version; drops replays, stale
+/// out-of-order updates and deleted keys. Running it again on its output changes nothing.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, propagate_version = false)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Deduplicate Parquet / Arrow IPC files into Parquet.
+    #[command(disable_version_flag = true)]
+    Dedup(DedupArgs),
+    /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+struct DedupArgs {
+    /// Parquet or Arrow IPC files, directories (every such file below, in sorted path
+    /// order) or globs, in input order.
+    #[arg(required = true, value_name = "INPUT")]
+    inputs: Vec<String>,
+    /// Output: a path ending in .parquet is one file; anything else a directory of parts.
+    #[arg(short, long, value_name = "PATH")]
+    output: PathBuf,
+    /// Key columns.
+    #[arg(
+        long,
+        value_name = "COL,...",
+        value_delimiter = ',',
+        default_value = "event_id,sequence"
+    )]
+    key: Vec<String>,
+    /// Version columns, compared left to right; the greatest wins.
+    #[arg(
+        long = "version",
+        value_name = "COL,...",
+        value_delimiter = ',',
+        default_value = "lsn"
+    )]
+    versions: Vec<String>,
+    /// Op column: rows whose op is one of --delete-values are deletes (tombstones).
+    #[arg(long, value_name = "COL")]
+    op: Option<String>,
+    /// Op values that mark a delete.
+    #[arg(
+        long,
+        value_name = "V,...",
+        value_delimiter = ',',
+        default_value = "d",
+        requires = "op"
+    )]
+    delete_values: Vec<String>,
+    /// Write a key's winning tombstone instead of dropping the key.
+    #[arg(long, requires = "op")]
+    keep_tombstones: bool,
+    /// Which row wins a tie at the maximum version: the first or last in input order, or
+    /// fail if the tied rows differ.
+    #[arg(long, value_name = "first|last|error", default_value = "first")]
+    on_tie: TiePolicy,
+    /// Write the run's statistics as one JSON object to PATH, or to stdout with '-'.
+    #[arg(long, value_name = "PATH|-")]
+    stats: Option<String>,
+    /// Rows per part file when the output is a directory.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROWS_PER_FILE)]
+    max_rows_per_file: usize,
+    /// No progress bar and no summary line.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// Directory to write events-NNNNN.parquet files into.
+    #[arg(short, long, value_name = "DIR")]
+    output: PathBuf,
+    /// Rows in total, replays included.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Number of files.
+    #[arg(long, default_value_t = 4)]
+    files: usize,
+    /// Seed: the same options and seed give byte-identical files.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Probability that an event is delivered twice.
+    #[arg(long, default_value_t = 0.15)]
+    duplicate_rate: f64,
+    /// Probability that an event updates an existing key.
+    #[arg(long, default_value_t = 0.15)]
+    update_rate: f64,
+    /// Probability that an event deletes an existing key.
+    #[arg(long, default_value_t = 0.01)]
+    delete_rate: f64,
+    /// Probability that a delivery is delayed past newer events.
+    #[arg(long, default_value_t = 0.05)]
+    reorder_rate: f64,
+    /// Approximate size of the payload column, in bytes.
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new(quiet: bool) -> Self {
+        let target = if quiet || !std::io::stderr().is_terminal() {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let bar = ProgressBar::with_draw_target(Some(0), target);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg:>9} [{bar:40}] {human_pos}/{human_len} rows ({per_sec}, {eta})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Self(bar)
+    }
+}
+
+impl Progress for Bar {
+    fn phase(&self, name: &str, total_rows: u64) {
+        self.0.set_message(name.to_owned());
+        self.0.set_length(total_rows);
+        self.0.set_position(0);
+    }
+
+    fn advance(&self, rows: u64) {
+        self.0.inc(rows);
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn summary(report: &DedupReport) -> String {
+    format!(
+        "idem: {} rows in → {} out ({} duplicates, {} superseded, {} deleted, {} conflicts) from {} files in {:.2} s → {}",
+        thousands(report.rows_in),
+        thousands(report.rows_out),
+        thousands(report.duplicates),
+        thousands(report.superseded),
+        thousands(report.deleted),
+        thousands(report.conflicts),
+        report.input_files,
+        report.elapsed_seconds,
+        report.output
+    )
+}
+
+/// Writes to stdout; a closed pipe (`idem … --stats - | head`) is not an error.
+fn print_stdout(text: &str) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
+}
+
+fn dedup(args: DedupArgs) -> Result<(), String> {
+    let mut spec = DedupSpec::new(args.key, args.versions).with_on_tie(args.on_tie);
+    if let Some(op) = args.op {
+        spec = spec.with_deletes(DeletePolicy {
+            op_column: op,
+            delete_values: args.delete_values,
+            keep_tombstones: args.keep_tombstones,
+        });
+    }
+    let job = DedupJob {
+        inputs: args.inputs,
+        output: args.output,
+        spec,
+        max_rows_per_file: args.max_rows_per_file,
+    };
+    let bar = Bar::new(args.quiet);
+    let result = idem::run_dedup(&job, &bar);
+    bar.0.finish_and_clear();
+    let report = result.map_err(|e| error_chain(&e))?;
+    if let Some(stats) = &args.stats {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        if stats == "-" {
+            print_stdout(&json)?;
+        } else {
+            std::fs::write(stats, json + "\n").map_err(|e| format!("{stats}: {e}"))?;
+        }
+    }
+    if !args.quiet {
+        eprintln!("{}", summary(&report));
+    }
+    Ok(())
+}
+
+fn generate(args: GenerateArgs) -> Result<(), String> {
+    let options = GenerateOptions {
+        rows: args.rows,
+        files: args.files,
+        seed: args.seed,
+        duplicate_rate: args.duplicate_rate,
+        update_rate: args.update_rate,
+        delete_rate: args.delete_rate,
+        reorder_rate: args.reorder_rate,
+        payload_bytes: args.payload_bytes,
+    };
+    let generated = idem::generate(&options, &args.output).map_err(|e| error_chain(&e))?;
+    eprintln!(
+        "idem: wrote {} rows in {} files to {}",
+        thousands(generated.rows),
+        generated.files.len(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// The error and its causes on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dedup(args) => dedup(args),
+        Command::Generate(args) => generate(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("idem: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -134,10 +134,9 @@ impl NarrowInterner {
                 }),
                 Some(bits) => {
                     let values = &self.values;
-                    match self
-                        .table
-                        .find(hash, |&(h, slot)| h == hash && values[slot as usize] == bits)
-                    {
+                    match self.table.find(hash, |&(h, slot)| {
+                        h == hash && values[slot as usize] == bits
+                    }) {
                         Some(&(_, slot)) => slot,
                         None => {
                             self.values.push(bits);

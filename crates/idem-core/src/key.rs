@@ -68,10 +68,20 @@ impl KeyClass {
             // An instant is the same whatever zone it is displayed in.
             Timestamp(unit, _) => Self::Fixed(Timestamp(*unit, None)),
             Boolean => Self::Fixed(UInt8),
-            Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Date32 | Date64
-            | Time32(_) | Time64(_) | Decimal128(_, _) | FixedSizeBinary(_) => {
-                Self::Fixed(data_type.clone())
-            }
+            Int8
+            | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Decimal128(_, _)
+            | FixedSizeBinary(_) => Self::Fixed(data_type.clone()),
             other => {
                 return Err(ArrowError::InvalidArgumentError(format!(
                     "key column '{column}' has type {other}, which cannot be a key: use integers, \
@@ -182,7 +192,10 @@ fn canonical_array(column: &ArrayRef) -> Result<ArrayRef, ArrowError> {
     };
     let array = cast_with_options(column, &target, &CastOptions::default())?;
     // A dictionary of booleans still needs its second step.
-    if matches!(array.data_type(), DataType::Boolean | DataType::Timestamp(_, Some(_))) {
+    if matches!(
+        array.data_type(),
+        DataType::Boolean | DataType::Timestamp(_, Some(_))
+    ) {
         canonical_array(&array)
     } else {
         Ok(array)
@@ -211,7 +224,8 @@ impl<'a> ColumnView<'a> {
         match fixed_width(array.data_type()) {
             Some(width) => {
                 let data = array.to_data();
-                let bytes = data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width);
+                let bytes =
+                    data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width);
                 Self::Fixed {
                     bytes,
                     width,
@@ -230,7 +244,12 @@ fn for_each_bytes(array: &dyn Array, mut f: impl FnMut(usize, Option<&[u8]>)) {
         ($array:expr) => {{
             let array = $array;
             for row in 0..array.len() {
-                f(row, array.is_valid(row).then(|| -> &[u8] { array.value(row).as_ref() }));
+                f(
+                    row,
+                    array
+                        .is_valid(row)
+                        .then(|| -> &[u8] { array.value(row).as_ref() }),
+                );
             }
         }};
     }
@@ -267,11 +286,17 @@ impl KeyColumns {
                 *running = if first { h } else { combine(*running, h) };
             };
             match ColumnView::of(column) {
-                ColumnView::Fixed { bytes, width, nulls } => {
+                ColumnView::Fixed {
+                    bytes,
+                    width,
+                    nulls,
+                } => {
                     let bytes = bytes.as_slice();
                     match width {
                         1 | 2 | 4 | 8 => {
-                            for (row, (h, chunk)) in hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate() {
+                            for (row, (h, chunk)) in
+                                hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate()
+                            {
                                 let value = if nulls.is_some_and(|n| n.is_null(row)) {
                                     NULL_HASH
                                 } else {
@@ -281,7 +306,9 @@ impl KeyColumns {
                             }
                         }
                         _ => {
-                            for (row, (h, chunk)) in hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate() {
+                            for (row, (h, chunk)) in
+                                hashes.iter_mut().zip(bytes.chunks_exact(width)).enumerate()
+                            {
                                 let value = if nulls.is_some_and(|n| n.is_null(row)) {
                                     NULL_HASH
                                 } else {
@@ -313,7 +340,11 @@ impl KeyColumns {
             match view {
                 ColumnView::Fixed { width, nulls, .. } => {
                     for (row, len) in lengths.iter_mut().enumerate() {
-                        *len += 1 + if nulls.is_some_and(|n| n.is_null(row)) { 0 } else { *width };
+                        *len += 1 + if nulls.is_some_and(|n| n.is_null(row)) {
+                            0
+                        } else {
+                            *width
+                        };
                     }
                 }
                 ColumnView::Var(array) => for_each_bytes(*array, |row, value| {
@@ -331,7 +362,11 @@ impl KeyColumns {
         let data = &mut rows.data;
         for view in &views {
             match view {
-                ColumnView::Fixed { bytes, width, nulls } => {
+                ColumnView::Fixed {
+                    bytes,
+                    width,
+                    nulls,
+                } => {
                     for (row, chunk) in bytes.as_slice().chunks_exact(*width).enumerate() {
                         let at = cursor[row];
                         if nulls.is_some_and(|n| n.is_null(row)) {
@@ -368,11 +403,21 @@ impl KeyColumns {
     pub(crate) fn narrow_values(&self, out: &mut Vec<Option<u64>>) {
         out.clear();
         if let Some(column) = self.columns.first()
-            && let ColumnView::Fixed { bytes, width, nulls } = ColumnView::of(column)
+            && let ColumnView::Fixed {
+                bytes,
+                width,
+                nulls,
+            } = ColumnView::of(column)
         {
-            out.extend(bytes.as_slice().chunks_exact(width).enumerate().map(|(row, chunk)| {
-                (!nulls.is_some_and(|n| n.is_null(row))).then(|| narrow_bits(chunk))
-            }));
+            out.extend(
+                bytes
+                    .as_slice()
+                    .chunks_exact(width)
+                    .enumerate()
+                    .map(|(row, chunk)| {
+                        (!nulls.is_some_and(|n| n.is_null(row))).then(|| narrow_bits(chunk))
+                    }),
+            );
         }
     }
 

@@ -51,7 +51,8 @@ pub fn dedup_batches(
     let all = concat_batches(schema, batches)?;
     let mut check = TieCheck::try_new(schema, spec, resolution.tie_groups)?;
     if !resolution.tie_rows.is_empty() {
-        let positions = UInt64Array::from_iter_values(resolution.tie_rows.iter().map(|t| t.position));
+        let positions =
+            UInt64Array::from_iter_values(resolution.tie_rows.iter().map(|t| t.position));
         let groups: Vec<u32> = resolution.tie_rows.iter().map(|t| t.group).collect();
         check.observe(&take_record_batch(&all, &positions)?, &groups)?;
     }

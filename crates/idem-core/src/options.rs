@@ -24,7 +24,9 @@ impl FromStr for TiePolicy {
             "first" => Ok(Self::First),
             "last" => Ok(Self::Last),
             "error" => Ok(Self::Error),
-            other => Err(format!("unknown tie policy '{other}': expected first, last or error")),
+            other => Err(format!(
+                "unknown tie policy '{other}': expected first, last or error"
+            )),
         }
     }
 }

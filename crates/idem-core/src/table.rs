@@ -71,10 +71,14 @@ struct Scratch {
 }
 
 /// Finds a column by name, with an error naming it.
-pub(crate) fn field<'a>(schema: &'a Schema, name: &str, role: &str) -> Result<&'a Field, ArrowError> {
-    schema.field_with_name(name).map_err(|_| {
-        ArrowError::SchemaError(format!("{role} column '{name}' not found"))
-    })
+pub(crate) fn field<'a>(
+    schema: &'a Schema,
+    name: &str,
+    role: &str,
+) -> Result<&'a Field, ArrowError> {
+    schema
+        .field_with_name(name)
+        .map_err(|_| ArrowError::SchemaError(format!("{role} column '{name}' not found")))
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str, role: &str) -> Result<&'a ArrayRef, ArrowError> {
@@ -178,7 +182,8 @@ impl KeepMaxTable {
             .collect::<Result<_, _>>()?;
         let keys = self.keys.canonicalise(&key_columns)?;
         let scratch = &mut self.scratch;
-        self.versions.encode(&version_columns, num_rows, &mut scratch.versions)?;
+        self.versions
+            .encode(&version_columns, num_rows, &mut scratch.versions)?;
         scratch.tombstones.clear();
         if let Some(deletes) = &self.spec.deletes {
             let op = cast(column(batch, &deletes.op_column, "op")?, &DataType::Utf8)?;
@@ -190,7 +195,8 @@ impl KeepMaxTable {
             scratch.tombstones.resize(num_rows, false);
         }
         keys.hash_rows(&mut scratch.hashes);
-        self.interner.intern(&keys, &scratch.hashes, &mut scratch.slots);
+        self.interner
+            .intern(&keys, &scratch.hashes, &mut scratch.slots);
         self.null_keys += keys.rows_with_null() as u64;
 
         let width = self.versions.width();
@@ -268,7 +274,14 @@ impl KeepMaxTable {
         }
         keep.sort_unstable();
 
-        let mut group_of_slot = vec![u32::MAX; if self.tie_events.is_empty() { 0 } else { self.winner.len() }];
+        let mut group_of_slot = vec![
+            u32::MAX;
+            if self.tie_events.is_empty() {
+                0
+            } else {
+                self.winner.len()
+            }
+        ];
         let mut groups = 0u32;
         let mut tie_rows: Vec<TieRow> = self
             .tie_events

@@ -83,7 +83,9 @@ impl TieCheck {
                     })
                     .collect::<Result<_, _>>()?;
                 let rows = converter.convert_columns(&columns)?;
-                rows.iter().map(|row| XxHash3_128::oneshot(row.as_ref())).collect()
+                rows.iter()
+                    .map(|row| XxHash3_128::oneshot(row.as_ref()))
+                    .collect()
             }
         };
         for (row, (&group, hash)) in groups.iter().zip(hashes).enumerate() {

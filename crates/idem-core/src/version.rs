@@ -192,7 +192,8 @@ fn encode_column(
         VersionKind::Signed | VersionKind::Unsigned | VersionKind::Temporal(_) => {
             let data = column.to_data();
             let width = column.data_type().primitive_width().unwrap_or(8);
-            let bytes = &data.buffers()[0].as_slice()[data.offset() * width..][..data.len() * width];
+            let bytes =
+                &data.buffers()[0].as_slice()[data.offset() * width..][..data.len() * width];
             let signed = !matches!(kind, VersionKind::Unsigned);
             for (index, (row, chunk)) in rows.zip(bytes.chunks_exact(width)).enumerate() {
                 if column.is_valid(index) {
@@ -242,13 +243,21 @@ mod tests {
     fn pg_lsn_orders_by_halves() {
         assert_eq!(parse_pg_lsn("0/FF"), Some(0xff));
         assert_eq!(parse_pg_lsn("1/0"), Some(1 << 32));
-        assert_eq!(parse_pg_lsn("16/B374D848"), Some((0x16 << 32) | 0xB374_D848));
+        assert_eq!(
+            parse_pg_lsn("16/B374D848"),
+            Some((0x16 << 32) | 0xB374_D848)
+        );
         for bad in ["", "/", "1/", "0x1/2", "1/2/3", "123456789/0", "g/0"] {
             assert_eq!(parse_pg_lsn(bad), None, "{bad}");
         }
         let rows = encoded(
             Field::new("lsn", DataType::Utf8, true),
-            Arc::new(StringArray::from(vec![Some("0/FF"), Some("0/100"), Some("1/0"), None])),
+            Arc::new(StringArray::from(vec![
+                Some("0/FF"),
+                Some("0/100"),
+                Some("1/0"),
+                None,
+            ])),
         );
         assert!(rows[3] < rows[0] && rows[0] < rows[1] && rows[1] < rows[2]);
     }
@@ -270,7 +279,12 @@ mod tests {
         );
         let wide = encoded(
             Field::new("v", DataType::Int64, true),
-            Arc::new(Int64Array::from(vec![Some(-5), Some(7), None, Some(i64::MIN)])),
+            Arc::new(Int64Array::from(vec![
+                Some(-5),
+                Some(7),
+                None,
+                Some(i64::MIN),
+            ])),
         );
         assert_eq!(narrow[0], wide[0]);
         assert_eq!(narrow[1], wide[1]);
@@ -279,9 +293,14 @@ mod tests {
 
     #[test]
     fn bad_lsn_and_bad_type_name_the_column() {
-        let layout = VersionLayout::try_new(&[Field::new("lsn", DataType::Utf8, true)]).expect("layout");
+        let layout =
+            VersionLayout::try_new(&[Field::new("lsn", DataType::Utf8, true)]).expect("layout");
         let err = layout
-            .encode(&[Arc::new(StringArray::from(vec!["nope"])) as ArrayRef], 1, &mut Vec::new())
+            .encode(
+                &[Arc::new(StringArray::from(vec!["nope"])) as ArrayRef],
+                1,
+                &mut Vec::new(),
+            )
             .expect_err("bad lsn");
         assert!(err.to_string().contains("'lsn'") && err.to_string().contains("nope"));
         let err = VersionLayout::try_new(&[Field::new("score", DataType::Float64, true)])

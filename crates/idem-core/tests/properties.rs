@@ -86,9 +86,11 @@ fn version_cells(rng: &mut Rng, ty: VersionType, n: usize, domain: u64) -> Cells
                 .map(|_| pick().map(|v| format!("{:X}/{:X}", v % 3, (v * 37) % 300)))
                 .collect(),
         ),
-        VersionType::Decimal => {
-            Cells::Decimal((0..n).map(|_| pick().map(|v| i128::from(v) * 10 - 25)).collect())
-        }
+        VersionType::Decimal => Cells::Decimal(
+            (0..n)
+                .map(|_| pick().map(|v| i128::from(v) * 10 - 25))
+                .collect(),
+        ),
     }
 }
 
@@ -120,7 +122,9 @@ fn array(cells: &Cells, rng: &mut Rng, text_layout: bool) -> ArrayRef {
 /// A cell as the reference sees it: text for keys, a number for versions.
 fn display(array: &ArrayRef, row: usize) -> Option<String> {
     let formatter = ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default()).ok()?;
-    array.is_valid(row).then(|| formatter.value(row).to_string())
+    array
+        .is_valid(row)
+        .then(|| formatter.value(row).to_string())
 }
 
 fn number(array: &ArrayRef, row: usize) -> Option<i128> {
@@ -128,9 +132,19 @@ fn number(array: &ArrayRef, row: usize) -> Option<i128> {
         return None;
     }
     Some(match array.data_type() {
-        DataType::Int64 => i128::from(array.as_primitive::<arrow::datatypes::Int64Type>().value(row)),
-        DataType::UInt64 => i128::from(array.as_primitive::<arrow::datatypes::UInt64Type>().value(row)),
-        DataType::Decimal128(_, _) => array.as_primitive::<arrow::datatypes::Decimal128Type>().value(row),
+        DataType::Int64 => i128::from(
+            array
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .value(row),
+        ),
+        DataType::UInt64 => i128::from(
+            array
+                .as_primitive::<arrow::datatypes::UInt64Type>()
+                .value(row),
+        ),
+        DataType::Decimal128(_, _) => array
+            .as_primitive::<arrow::datatypes::Decimal128Type>()
+            .value(row),
         _ => i128::from(parse_pg_lsn(&display(array, row)?)?),
     })
 }
@@ -143,12 +157,20 @@ struct Case {
 
 fn draw_case(rng: &mut Rng) -> Case {
     let key_types = [KeyType::Int, KeyType::Text, KeyType::Uuid];
-    let version_types = [VersionType::Signed, VersionType::Unsigned, VersionType::Lsn, VersionType::Decimal];
+    let version_types = [
+        VersionType::Signed,
+        VersionType::Unsigned,
+        VersionType::Lsn,
+        VersionType::Decimal,
+    ];
     let num_keys = 1 + rng.below(2) as usize;
     let num_versions = rng.below(3) as usize; // 0: every row of a key ties
-    let keys: Vec<KeyType> = (0..num_keys).map(|_| key_types[rng.below(3) as usize]).collect();
-    let versions: Vec<VersionType> =
-        (0..num_versions).map(|_| version_types[rng.below(4) as usize]).collect();
+    let keys: Vec<KeyType> = (0..num_keys)
+        .map(|_| key_types[rng.below(3) as usize])
+        .collect();
+    let versions: Vec<VersionType> = (0..num_versions)
+        .map(|_| version_types[rng.below(4) as usize])
+        .collect();
     let key_domain = 1 + rng.below(12);
     let version_domain = 1 + rng.below(6);
     let null_pct = [0, 5, 30][rng.below(3) as usize];
@@ -163,14 +185,24 @@ fn draw_case(rng: &mut Rng) -> Case {
         for (i, ty) in keys.iter().enumerate() {
             let cells = key_cells(rng, *ty, n, key_domain, null_pct);
             columns.push(array(&cells, rng, true));
-            fields.push(Field::new(format!("k{i}"), columns[columns.len() - 1].data_type().clone(), true));
+            fields.push(Field::new(
+                format!("k{i}"),
+                columns[columns.len() - 1].data_type().clone(),
+                true,
+            ));
         }
         for (i, ty) in versions.iter().enumerate() {
             let cells = version_cells(rng, *ty, n, version_domain);
             columns.push(array(&cells, rng, true));
-            fields.push(Field::new(format!("v{i}"), columns[columns.len() - 1].data_type().clone(), true));
+            fields.push(Field::new(
+                format!("v{i}"),
+                columns[columns.len() - 1].data_type().clone(),
+                true,
+            ));
         }
-        let ops: Vec<&str> = (0..n).map(|_| if rng.chance(20) { "d" } else { "u" }).collect();
+        let ops: Vec<&str> = (0..n)
+            .map(|_| if rng.chance(20) { "d" } else { "u" })
+            .collect();
         columns.push(Arc::new(StringArray::from(ops)));
         fields.push(Field::new("op", DataType::Utf8, false));
         let payload: Vec<i32> = (0..n).map(|_| rng.below(2) as i32).collect();
@@ -226,11 +258,27 @@ fn reference(case: &Case) -> Outcome {
             let col = |name: &str| Arc::clone(batch.column_by_name(name).expect("column"));
             rows.push(Row {
                 key: case.spec.keys.iter().map(|k| display(&col(k), r)).collect(),
-                version: case.spec.versions.iter().map(|v| number(&col(v), r)).collect(),
-                tombstone: case.spec.deletes.is_some() && display(&col("op"), r).as_deref() == Some("d"),
+                version: case
+                    .spec
+                    .versions
+                    .iter()
+                    .map(|v| number(&col(v), r))
+                    .collect(),
+                tombstone: case.spec.deletes.is_some()
+                    && display(&col("op"), r).as_deref() == Some("d"),
                 content: (
-                    format!("{:?} {:?}", display(&col("op"), r), case.spec.versions.iter().map(|v| number(&col(v), r)).collect::<Vec<_>>()),
-                    col("payload").as_primitive::<arrow::datatypes::Int32Type>().value(r),
+                    format!(
+                        "{:?} {:?}",
+                        display(&col("op"), r),
+                        case.spec
+                            .versions
+                            .iter()
+                            .map(|v| number(&col(v), r))
+                            .collect::<Vec<_>>()
+                    ),
+                    col("payload")
+                        .as_primitive::<arrow::datatypes::Int32Type>()
+                        .value(r),
                 ),
                 position,
             });
@@ -242,9 +290,17 @@ fn reference(case: &Case) -> Outcome {
         a.key
             .cmp(&b.key)
             .then(b.version.cmp(&a.version))
-            .then(if last { b.position.cmp(&a.position) } else { a.position.cmp(&b.position) })
+            .then(if last {
+                b.position.cmp(&a.position)
+            } else {
+                a.position.cmp(&b.position)
+            })
     });
-    let keep_tombstones = case.spec.deletes.as_ref().is_some_and(|d| d.keep_tombstones);
+    let keep_tombstones = case
+        .spec
+        .deletes
+        .as_ref()
+        .is_some_and(|d| d.keep_tombstones);
     let mut out = Outcome::default();
     let mut groups: BTreeMap<Vec<Option<String>>, Vec<&Row>> = BTreeMap::new();
     for row in &rows {
@@ -253,7 +309,10 @@ fn reference(case: &Case) -> Outcome {
     }
     for group in groups.values() {
         let winner = group[0];
-        let tied: Vec<&&Row> = group.iter().filter(|r| r.version == winner.version).collect();
+        let tied: Vec<&&Row> = group
+            .iter()
+            .filter(|r| r.version == winner.version)
+            .collect();
         out.duplicates += tied.len() as u64 - 1;
         out.superseded += (group.len() - tied.len()) as u64;
         if tied.iter().any(|r| r.content != winner.content) {
@@ -279,7 +338,8 @@ fn kernel(case: &Case, generic_keys: bool) -> Outcome {
         table.update(batch).expect("update");
     }
     let resolution = table.finish();
-    let mut check = TieCheck::try_new(&case.schema, &case.spec, resolution.tie_groups).expect("check");
+    let mut check =
+        TieCheck::try_new(&case.schema, &case.spec, resolution.tie_groups).expect("check");
     // Feed the tie rows batch by batch, as a file reader would.
     let mut offset = 0u64;
     for batch in &case.batches {
@@ -290,7 +350,8 @@ fn kernel(case: &Case, generic_keys: bool) -> Outcome {
             .filter(|t| (offset..end).contains(&t.position))
             .map(|t| (t.position - offset, t.group))
             .unzip();
-        let taken = arrow::compute::take_record_batch(batch, &UInt64Array::from(rows)).expect("take");
+        let taken =
+            arrow::compute::take_record_batch(batch, &UInt64Array::from(rows)).expect("take");
         check.observe(&taken, &groups).expect("observe");
         offset = end;
     }
@@ -315,7 +376,11 @@ fn kernel_matches_reference_on_random_batches() {
         let expected = reference(&case);
         for generic in [false, true] {
             let got = kernel(&case, generic);
-            assert_eq!(got, expected, "seed {seed}, generic keys {generic}, spec {:?}", case.spec);
+            assert_eq!(
+                got, expected,
+                "seed {seed}, generic keys {generic}, spec {:?}",
+                case.spec
+            );
         }
     }
 }
@@ -339,6 +404,11 @@ fn tie_error_names_the_key() {
     let spec = DedupSpec::new(["id"], ["lsn"]).with_on_tie(TiePolicy::Error);
     let err = idem_core::dedup_batches(&schema, &[batch.clone()], &spec).expect_err("conflict");
     assert!(err.to_string().contains("id=b"), "{err}");
-    let (out, stats) = idem_core::dedup_batches(&schema, &[batch], &spec.with_on_tie(TiePolicy::First)).expect("first");
-    assert_eq!((out.num_rows(), stats.duplicates, stats.conflicts), (2, 2, 1));
+    let (out, stats) =
+        idem_core::dedup_batches(&schema, &[batch], &spec.with_on_tie(TiePolicy::First))
+            .expect("first");
+    assert_eq!(
+        (out.num_rows(), stats.duplicates, stats.conflicts),
+        (2, 2, 1)
+    );
 }

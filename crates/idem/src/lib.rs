@@ -1,1 +1,32 @@
-//! stub
+//! # idem: dedup jobs on files
+//!
+//! The job layer of idem: it finds and opens input files (Parquet and Arrow IPC; files,
+//! directories, globs), unifies their schemas, runs the [`idem_core`] kernels over them in
+//! two passes (keys and versions first, then only the winning rows), and writes the result
+//! as Parquet under a temporary name that is renamed into place only on success.
+//!
+//! * [`run_dedup`] with a [`DedupJob`]: the `idem dedup` command.
+//! * [`generate()`]: seeded, realistic event data for samples, tests and benchmarks.
+//!
+//! ```no_run
+//! use idem::{DedupJob, NoProgress, run_dedup};
+//! let job = DedupJob::new(vec!["data/events".into()], "/tmp/events-dedup.parquet");
+//! let report = run_dedup(&job, &NoProgress)?;
+//! println!("{} rows in, {} out", report.rows_in, report.rows_out);
+//! # Ok::<(), idem::Error>(())
+//! ```
+
+mod dedup;
+mod error;
+pub mod generate;
+pub mod input;
+mod output;
+pub mod schema;
+
+pub use dedup::{
+    DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
+};
+pub use error::{Error, Result};
+pub use generate::{GenerateOptions, generate};
+pub use idem_core;
+pub use output::OutputWriter;

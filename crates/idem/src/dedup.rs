@@ -1,0 +1,358 @@
+//! The dedup job: files in, one row per key out, with late materialisation.
+//!
+//! ```text
+//!  pass 1  every file, key + version + op columns only ──▶ KeepMaxTable
+//!                                                            │ finish
+//!                      positions to keep, tie rows  ◀────────┘
+//!  pass 2  every file, all columns, only the selected rows (Parquet row selection)
+//!            ├─ kept rows ──▶ OutputWriter (temporary name)
+//!            └─ tie rows  ──▶ TieCheck (conflicts)
+//!  commit  rename into place
+//! ```
+//!
+//! The table holds keys, versions and positions, never whole rows, so memory grows with
+//! the number of distinct keys rather than the width or length of the input.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use arrow::array::{BooleanArray, UInt32Array};
+use arrow::compute::{filter_record_batch, take_record_batch};
+use arrow::datatypes::SchemaRef;
+use idem_core::{DedupSpec, DedupStats, KeepMaxTable, TieCheck};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::input::{InputFile, expand_inputs};
+use crate::output::OutputWriter;
+use crate::schema::{conform, unify};
+
+/// Default rows per part file of a directory output.
+pub const DEFAULT_MAX_ROWS_PER_FILE: usize = 10_000_000;
+
+/// What to deduplicate, where to, and how.
+#[derive(Debug, Clone)]
+pub struct DedupJob {
+    /// Files, directories or globs, in input order.
+    pub inputs: Vec<String>,
+    /// A `.parquet` file, or a directory of parts.
+    pub output: PathBuf,
+    /// Key, version and policies.
+    pub spec: DedupSpec,
+    /// Rows per part file of a directory output.
+    pub max_rows_per_file: usize,
+}
+
+impl DedupJob {
+    /// A job with the default spec.
+    pub fn new(inputs: Vec<String>, output: impl Into<PathBuf>) -> Self {
+        Self {
+            inputs,
+            output: output.into(),
+            spec: DedupSpec::default(),
+            max_rows_per_file: DEFAULT_MAX_ROWS_PER_FILE,
+        }
+    }
+}
+
+/// Receives progress of a long job; the CLI draws a bar with it.
+pub trait Progress: Sync {
+    /// A phase starts that will cover `total_rows` rows.
+    fn phase(&self, _name: &str, _total_rows: u64) {}
+    /// `rows` more rows of the current phase are done.
+    fn advance(&self, _rows: u64) {}
+}
+
+/// Progress that goes nowhere.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}
+
+/// Rows read from one input file.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileRows {
+    /// The file.
+    pub path: String,
+    /// Its rows.
+    pub rows: u64,
+}
+
+/// The statistics of a dedup run; `--stats` writes it as JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct DedupReport {
+    /// Rows read.
+    pub rows_in: u64,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Rows dropped for a tie with the kept row (same key, same version).
+    pub duplicates: u64,
+    /// Rows dropped because their key has a higher version.
+    pub superseded: u64,
+    /// Keys dropped because their winning row is a tombstone.
+    pub deleted: u64,
+    /// Keys whose tied rows differ in some non-key column.
+    pub conflicts: u64,
+    /// Rows with a null in some key column.
+    pub null_keys: u64,
+    /// Number of input files.
+    pub input_files: usize,
+    /// Distinct keys.
+    pub distinct_keys: u64,
+    /// Winning tombstones written because tombstones are kept.
+    pub tombstones_kept: u64,
+    /// `(duplicates + superseded) / rows_in`.
+    pub duplicate_rate: f64,
+    /// Key columns.
+    pub key: Vec<String>,
+    /// Version columns.
+    pub version: Vec<String>,
+    /// Tie policy.
+    pub on_tie: String,
+    /// The output path.
+    pub output: String,
+    /// Files written.
+    pub output_files: Vec<String>,
+    /// Rows per input file, in input order.
+    pub inputs: Vec<FileRows>,
+    /// Bytes held by the keep-max table at its largest.
+    pub table_bytes: u64,
+    /// Wall time of the whole job.
+    pub elapsed_seconds: f64,
+}
+
+impl DedupReport {
+    fn new(job: &DedupJob, files: &[InputFile], stats: DedupStats) -> Self {
+        Self {
+            rows_in: stats.rows_in,
+            rows_out: stats.rows_out,
+            duplicates: stats.duplicates,
+            superseded: stats.superseded,
+            deleted: stats.deleted,
+            conflicts: stats.conflicts,
+            null_keys: stats.null_keys,
+            input_files: files.len(),
+            distinct_keys: stats.distinct_keys,
+            tombstones_kept: stats.tombstones_kept,
+            duplicate_rate: stats.duplicate_rate(),
+            key: job.spec.keys.clone(),
+            version: job.spec.versions.clone(),
+            on_tie: job.spec.on_tie.to_string(),
+            output: job.output.display().to_string(),
+            output_files: Vec::new(),
+            inputs: files
+                .iter()
+                .map(|f| FileRows {
+                    path: f.path().display().to_string(),
+                    rows: f.num_rows(),
+                })
+                .collect(),
+            table_bytes: 0,
+            elapsed_seconds: 0.0,
+        }
+    }
+}
+
+/// Opens the inputs, unifies their schemas and checks that every file has the columns the
+/// spec reads.
+fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
+    let paths = expand_inputs(&job.inputs)?;
+    let files: Vec<InputFile> = paths
+        .iter()
+        .map(|p| InputFile::open(p))
+        .collect::<Result<_>>()?;
+    let schema = unify(files.iter().map(|f| (f.path(), f.schema())))?;
+    let required = job
+        .spec
+        .keys
+        .iter()
+        .map(|k| (k, "key"))
+        .chain(job.spec.versions.iter().map(|v| (v, "version")))
+        .chain(job.spec.deletes.iter().map(|d| (&d.op_column, "op")));
+    for (column, role) in required {
+        for file in &files {
+            if file.schema().field_with_name(column).is_err() {
+                return Err(Error::MissingColumn {
+                    path: file.path().to_path_buf(),
+                    column: column.clone(),
+                    role,
+                    available: file
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+    }
+    Ok((files, schema))
+}
+
+/// The columns pass 1 reads, each once, in schema order.
+fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
+    let mut indices: Vec<usize> = spec
+        .keys
+        .iter()
+        .chain(&spec.versions)
+        .chain(spec.deletes.iter().map(|d| &d.op_column))
+        .filter_map(|c| schema.index_of(c).ok())
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    indices
+}
+
+/// Runs a dedup job. Nothing appears at the output path unless the whole job succeeds.
+///
+/// # Errors
+/// Unreadable or incompatible inputs, missing columns, bad values, a conflicting tie under
+/// `--on-tie error`, or a failure to write the output.
+pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport> {
+    let started = Instant::now();
+    let (files, schema) = open_inputs(job)?;
+    let first_path = files
+        .first()
+        .map(|f| f.path().to_path_buf())
+        .unwrap_or_default();
+    let total_rows: u64 = files.iter().map(InputFile::num_rows).sum();
+
+    // Pass 1: decide.
+    let mut table = KeepMaxTable::try_new(&schema, &job.spec).map_err(Error::arrow(&first_path))?;
+    let decision_schema = std::sync::Arc::new(
+        schema
+            .project(&decision_columns(&job.spec, &schema))
+            .map_err(Error::arrow(&first_path))?,
+    );
+    let names: Vec<&str> = decision_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect();
+    progress.phase("deciding", total_rows);
+    for file in &files {
+        for batch in file.read_columns(&names)? {
+            let batch = conform(&batch?, &decision_schema, true, file.path())?;
+            table.update(&batch).map_err(Error::arrow(file.path()))?;
+            progress.advance(batch.num_rows() as u64);
+        }
+    }
+    let table_bytes = table.size() as u64;
+    let resolution = table.finish();
+
+    // Pass 2: fetch the kept rows (and tied rows, to compare them) and write.
+    let mut check = TieCheck::try_new(&schema, &job.spec, resolution.tie_groups)
+        .map_err(Error::arrow(&first_path))?;
+    let mut writer = OutputWriter::try_new(
+        &job.output,
+        std::sync::Arc::clone(&schema),
+        job.max_rows_per_file,
+    )?;
+    progress.phase("writing", resolution.keep.len() as u64);
+    let mut start = 0u64;
+    for file in &files {
+        let end = start + file.num_rows();
+        let plan = FilePlan::new(&resolution, start, end);
+        start = end;
+        if plan.rows.is_empty() {
+            continue;
+        }
+        let mut cursor = 0;
+        for batch in file.read_rows(&plan.rows)? {
+            let batch = conform(&batch?, &schema, false, file.path())?;
+            let n = batch.num_rows();
+            let (keep, ties) = plan.slice(cursor, n);
+            cursor += n;
+            if keep.true_count() > 0 {
+                let kept = filter_record_batch(&batch, &keep).map_err(Error::arrow(file.path()))?;
+                writer.write(&kept)?;
+                progress.advance(kept.num_rows() as u64);
+            }
+            if !ties.0.is_empty() {
+                let tied = take_record_batch(&batch, &UInt32Array::from(ties.0))
+                    .map_err(Error::arrow(file.path()))?;
+                check
+                    .observe(&tied, &ties.1)
+                    .map_err(Error::arrow(file.path()))?;
+            }
+        }
+        if cursor != plan.rows.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: expected {} selected rows, read {cursor}; was the file changed during the run?",
+                file.path().display(),
+                plan.rows.len()
+            )));
+        }
+    }
+    let output_files = writer.commit()?;
+
+    let mut stats = resolution.stats;
+    stats.conflicts = check.conflicts();
+    let mut report = DedupReport::new(job, &files, stats);
+    report.output_files = output_files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    report.table_bytes = table_bytes;
+    report.elapsed_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The rows pass 2 reads from one file: kept rows and tie rows, merged in row order.
+struct FilePlan {
+    /// Ascending row numbers within the file.
+    rows: Vec<u64>,
+    keep: Vec<bool>,
+    /// Tie group of each row, `u32::MAX` for none.
+    group: Vec<u32>,
+}
+
+impl FilePlan {
+    fn new(resolution: &idem_core::Resolution, start: u64, end: u64) -> Self {
+        let keep = {
+            let lo = resolution.keep.partition_point(|&p| p < start);
+            let hi = resolution.keep.partition_point(|&p| p < end);
+            &resolution.keep[lo..hi]
+        };
+        let ties = {
+            let lo = resolution.tie_rows.partition_point(|t| t.position < start);
+            let hi = resolution.tie_rows.partition_point(|t| t.position < end);
+            &resolution.tie_rows[lo..hi]
+        };
+        let mut plan = Self {
+            rows: Vec::with_capacity(keep.len() + ties.len()),
+            keep: Vec::with_capacity(keep.len() + ties.len()),
+            group: Vec::with_capacity(keep.len() + ties.len()),
+        };
+        let (mut k, mut t) = (0, 0);
+        while k < keep.len() || t < ties.len() {
+            let next_keep = keep.get(k).copied().unwrap_or(u64::MAX);
+            let next_tie = ties.get(t).map_or(u64::MAX, |x| x.position);
+            let position = next_keep.min(next_tie);
+            plan.rows.push(position - start);
+            plan.keep.push(next_keep == position);
+            plan.group.push(if next_tie == position {
+                ties[t].group
+            } else {
+                u32::MAX
+            });
+            k += usize::from(next_keep == position);
+            t += usize::from(next_tie == position);
+        }
+        plan
+    }
+
+    /// The keep mask and the (row, group) tie list of selected rows `cursor..cursor + n`.
+    fn slice(&self, cursor: usize, n: usize) -> (BooleanArray, (Vec<u32>, Vec<u32>)) {
+        let end = (cursor + n).min(self.keep.len());
+        let keep = BooleanArray::from(self.keep[cursor..end].to_vec());
+        let ties = self.group[cursor..end]
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| **g != u32::MAX)
+            .map(|(row, g)| (row as u32, *g))
+            .unzip();
+        (keep, ties)
+    }
+}

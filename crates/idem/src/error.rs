@@ -1,0 +1,94 @@
+//! The error type of idem's jobs: every variant says which file or column it is about.
+
+use std::path::PathBuf;
+
+use arrow::error::ArrowError;
+use parquet::errors::ParquetError;
+
+/// `Result` with idem's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a job can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No input was given, or the inputs named no data file.
+    #[error("no input files: {0}")]
+    NoInput(String),
+    /// A file system operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A Parquet file could not be read or written (corrupt, truncated, not Parquet).
+    #[error("{}: {source}", path.display())]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: ParquetError,
+    },
+    /// An Arrow operation on a file's data failed: an unreadable IPC file, a bad value.
+    #[error("{}: {source}", path.display())]
+    Arrow {
+        /// The file whose data was being processed.
+        path: PathBuf,
+        /// The cause.
+        source: ArrowError,
+    },
+    /// A key, version or op column is missing from a file.
+    #[error("{}: {role} column '{column}' not found (columns: {available})", path.display())]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// key, version or op.
+        role: &'static str,
+        /// The file's columns, for the message.
+        available: String,
+    },
+    /// Two files disagree on a column in a way that cannot be unified.
+    #[error("{}: column '{column}' has type {found}, but earlier files have {expected}", path.display())]
+    SchemaMismatch {
+        /// The file that disagrees with those before it.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// The type so far.
+        expected: String,
+        /// The file's type.
+        found: String,
+    },
+    /// A non-nullable column is missing from some file, so it cannot be filled with nulls.
+    #[error("{}: column '{column}' is missing here and is not nullable in other files", path.display())]
+    MissingRequiredColumn {
+        /// The file without the column.
+        path: PathBuf,
+        /// The column.
+        column: String,
+    },
+    /// The options contradict each other or the input.
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { path, source }
+    }
+
+    pub(crate) fn parquet(path: impl Into<PathBuf>) -> impl FnOnce(ParquetError) -> Self {
+        let path = path.into();
+        move |source| Self::Parquet { path, source }
+    }
+
+    pub(crate) fn arrow(path: impl Into<PathBuf>) -> impl FnOnce(ArrowError) -> Self {
+        let path = path.into();
+        move |source| Self::Arrow { path, source }
+    }
+}

@@ -1,0 +1,339 @@
+//! Finding and opening input files: Parquet and Arrow IPC, local paths, directories, globs.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::{FileReader, StreamReader};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::file::metadata::PageIndexPolicy;
+
+use crate::error::{Error, Result};
+
+/// Rows per batch when reading.
+const BATCH_SIZE: usize = 8192;
+
+/// The on-disk format of an input file.
+#[derive(Debug, Clone)]
+enum Format {
+    /// Parquet, with its metadata read once and reused by both passes.
+    Parquet(ArrowReaderMetadata),
+    /// Arrow IPC, file (random access) or stream layout.
+    Ipc { stream: bool },
+}
+
+/// One input file, opened far enough to know its schema and row count.
+#[derive(Debug, Clone)]
+pub struct InputFile {
+    path: PathBuf,
+    format: Format,
+    schema: SchemaRef,
+    num_rows: u64,
+}
+
+/// A stream of batches from one file.
+pub type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+const PARQUET_EXTENSIONS: &[&str] = &["parquet", "parq", "pq"];
+const IPC_EXTENSIONS: &[&str] = &["arrow", "ipc", "feather", "arrows"];
+
+fn is_data_file(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .is_some_and(|e| {
+            PARQUET_EXTENSIONS.contains(&e.as_str()) || IPC_EXTENSIONS.contains(&e.as_str())
+        })
+}
+
+/// Hidden and marker files (`.tmp`, `_SUCCESS`, `_delta_log`) are never data.
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
+        let path = entry.map_err(Error::io(dir))?.path();
+        if is_hidden(&path) {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, out)?;
+        } else if is_data_file(&path) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Expands the inputs, in the order given: a file is itself, a directory every data file
+/// below it in sorted path order, a glob its matches in sorted order.
+///
+/// # Errors
+/// An empty list, a path that does not exist, or a directory or glob with no data files.
+pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
+    if inputs.is_empty() {
+        return Err(Error::NoInput(
+            "give at least one file, directory or glob".to_owned(),
+        ));
+    }
+    let mut files = Vec::new();
+    for input in inputs {
+        let path = Path::new(input);
+        let found: Vec<PathBuf> = if path.is_dir() {
+            let mut found = Vec::new();
+            walk(path, &mut found)?;
+            found.sort();
+            found
+        } else if path.exists() {
+            vec![path.to_path_buf()]
+        } else if input.contains(['*', '?', '[']) {
+            let pattern = glob::glob(input)
+                .map_err(|e| Error::InvalidArgument(format!("bad glob '{input}': {e}")))?;
+            let mut found = Vec::new();
+            for entry in pattern {
+                let entry = entry.map_err(|e| Error::InvalidArgument(format!("{input}: {e}")))?;
+                if entry.is_dir() {
+                    walk(&entry, &mut found)?;
+                } else if is_data_file(&entry) && !is_hidden(&entry) {
+                    found.push(entry);
+                }
+            }
+            found.sort();
+            found
+        } else {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such file or directory",
+                ),
+            });
+        };
+        if found.is_empty() {
+            return Err(Error::NoInput(format!(
+                "'{input}' holds no Parquet or Arrow IPC file"
+            )));
+        }
+        files.extend(found);
+    }
+    Ok(files)
+}
+
+impl InputFile {
+    /// Opens a file far enough to read its schema and row count. The format comes from the
+    /// content (Parquet's `PAR1`, Arrow's `ARROW1`), not the name.
+    ///
+    /// # Errors
+    /// An unreadable, corrupt or truncated file, or one in neither format.
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut file = File::open(path).map_err(Error::io(path))?;
+        let mut magic = [0u8; 6];
+        let read = file.read(&mut magic).map_err(Error::io(path))?;
+        let magic = &magic[..read];
+        let file = File::open(path).map_err(Error::io(path))?;
+        if magic.starts_with(b"PAR1") {
+            let options =
+                ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+            let metadata =
+                ArrowReaderMetadata::load(&file, options).map_err(Error::parquet(path))?;
+            let num_rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
+            Ok(Self {
+                path: path.to_path_buf(),
+                schema: Arc::clone(metadata.schema()),
+                format: Format::Parquet(metadata),
+                num_rows,
+            })
+        } else if magic == b"ARROW1" {
+            let reader = FileReader::try_new(file, None).map_err(Error::arrow(path))?;
+            let schema = reader.schema();
+            // Block metadata does not carry row counts: count by reading, once.
+            let counted = count_rows(reader.map(|b| b.map_err(Error::arrow(path))))?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                format: Format::Ipc { stream: false },
+                schema,
+                num_rows: counted,
+            })
+        } else if magic.starts_with(&[0xff, 0xff, 0xff, 0xff]) {
+            let reader = StreamReader::try_new(file, None).map_err(Error::arrow(path))?;
+            let schema = reader.schema();
+            let counted = count_rows(reader.map(|b| b.map_err(Error::arrow(path))))?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                format: Format::Ipc { stream: true },
+                schema,
+                num_rows: counted,
+            })
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{}: not a Parquet or Arrow IPC file (unrecognised header)",
+                path.display()
+            )))
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's own schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Rows in the file.
+    pub fn num_rows(&self) -> u64 {
+        self.num_rows
+    }
+
+    /// Reads only the named columns (which must exist), every row.
+    pub fn read_columns(&self, columns: &[&str]) -> Result<Batches> {
+        let indices: Vec<usize> = columns
+            .iter()
+            .map(|c| self.schema.index_of(c).map_err(Error::arrow(&self.path)))
+            .collect::<Result<_>>()?;
+        self.read(Some(indices), None)
+    }
+
+    /// Reads every column of the rows at `rows` (ascending, within the file).
+    pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
+        self.read(None, Some(rows))
+    }
+
+    fn read(&self, projection: Option<Vec<usize>>, rows: Option<&[u64]>) -> Result<Batches> {
+        let path = self.path.clone();
+        let file = File::open(&self.path).map_err(Error::io(&self.path))?;
+        match &self.format {
+            Format::Parquet(metadata) => {
+                let mut builder =
+                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone())
+                        .with_batch_size(BATCH_SIZE);
+                if let Some(indices) = projection {
+                    let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
+                    builder = builder.with_projection(mask);
+                }
+                if let Some(rows) = rows {
+                    builder = builder.with_row_selection(selection(rows, self.num_rows));
+                }
+                let reader = builder.build().map_err(Error::parquet(&self.path))?;
+                Ok(Box::new(
+                    reader.map(move |b| b.map_err(Error::arrow(&path))),
+                ))
+            }
+            Format::Ipc { stream } => {
+                let batches: Batches = if *stream {
+                    let reader =
+                        StreamReader::try_new(file, projection).map_err(Error::arrow(&path))?;
+                    let path = path.clone();
+                    Box::new(reader.map(move |b| b.map_err(Error::arrow(&path))))
+                } else {
+                    let reader =
+                        FileReader::try_new(file, projection).map_err(Error::arrow(&path))?;
+                    let path = path.clone();
+                    Box::new(reader.map(move |b| b.map_err(Error::arrow(&path))))
+                };
+                match rows {
+                    None => Ok(batches),
+                    Some(rows) => Ok(Box::new(select_rows(batches, rows.to_vec(), path))),
+                }
+            }
+        }
+    }
+}
+
+fn count_rows(batches: impl Iterator<Item = Result<RecordBatch>>) -> Result<u64> {
+    batches.map(|b| b.map(|b| b.num_rows() as u64)).sum()
+}
+
+/// A Parquet row selection of the ascending row numbers `rows`, in runs.
+fn selection(rows: &[u64], num_rows: u64) -> RowSelection {
+    let mut selectors = Vec::new();
+    let mut next = 0u64;
+    let mut i = 0;
+    while i < rows.len() {
+        let start = rows[i];
+        let mut end = start + 1;
+        i += 1;
+        while i < rows.len() && rows[i] == end {
+            end += 1;
+            i += 1;
+        }
+        if start > next {
+            selectors.push(RowSelector::skip((start - next) as usize));
+        }
+        selectors.push(RowSelector::select((end - start) as usize));
+        next = end;
+    }
+    if num_rows > next {
+        selectors.push(RowSelector::skip((num_rows - next) as usize));
+    }
+    RowSelection::from(selectors)
+}
+
+/// Filters an IPC stream down to the rows at `rows` (ascending), for formats without a
+/// row selection of their own.
+fn select_rows(
+    batches: Batches,
+    rows: Vec<u64>,
+    path: PathBuf,
+) -> impl Iterator<Item = Result<RecordBatch>> + Send {
+    let mut offset = 0u64;
+    let mut cursor = 0usize;
+    batches.filter_map(move |batch| {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
+        let end = offset + batch.num_rows() as u64;
+        let start_cursor = cursor;
+        while cursor < rows.len() && rows[cursor] < end {
+            cursor += 1;
+        }
+        let local: Vec<u64> = rows[start_cursor..cursor]
+            .iter()
+            .map(|r| r - offset)
+            .collect();
+        offset = end;
+        if local.is_empty() {
+            return None;
+        }
+        let indices = arrow::array::UInt64Array::from(local);
+        Some(arrow::compute::take_record_batch(&batch, &indices).map_err(Error::arrow(&path)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_runs() {
+        let sel = selection(&[0, 1, 2, 5, 9], 12);
+        let runs: Vec<(bool, usize)> = Vec::<RowSelector>::from(sel)
+            .into_iter()
+            .map(|s| (s.skip, s.row_count))
+            .collect();
+        assert_eq!(
+            runs,
+            vec![
+                (false, 3),
+                (true, 2),
+                (false, 1),
+                (true, 3),
+                (false, 1),
+                (true, 2)
+            ]
+        );
+    }
+}

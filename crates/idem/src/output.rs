@@ -1,0 +1,217 @@
+//! Atomic Parquet output: everything is written under a temporary name beside the target
+//! and renamed into place only when the whole job has succeeded.
+//!
+//! * A target ending in `.parquet` is one file: written as `.NAME.idem-tmp-PID`, then renamed
+//!   over the target (atomic on POSIX file systems).
+//! * Any other target is a directory of `part-NNNNN.parquet` files: written into the
+//!   directory `.NAME.idem-tmp-PID`; an existing target is moved aside, the new one renamed
+//!   into place, the old one removed. A crash can leave only a hidden temporary behind, never
+//!   a half-written target.
+//!
+//! Dropping an [`OutputWriter`] without [`OutputWriter::commit`] removes the temporaries.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+
+/// Writes batches of one schema as zstd Parquet, atomically (see the module docs).
+pub struct OutputWriter {
+    target: PathBuf,
+    temp: PathBuf,
+    single_file: bool,
+    schema: SchemaRef,
+    max_rows_per_file: usize,
+    writer: Option<ArrowWriter<File>>,
+    rows_in_part: usize,
+    files: Vec<PathBuf>,
+    created_dirs: Vec<PathBuf>,
+    committed: bool,
+}
+
+impl std::fmt::Debug for OutputWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputWriter")
+            .field("target", &self.target)
+            .field("temp", &self.temp)
+            .finish()
+    }
+}
+
+fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
+    let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        Error::InvalidArgument(format!("output '{}' has no file name", target.display()))
+    })?;
+    Ok(target.with_file_name(format!(".{name}.idem-{tag}-{}", std::process::id())))
+}
+
+impl OutputWriter {
+    /// Prepares to write `target` (a `.parquet` file, or else a directory of parts).
+    ///
+    /// # Errors
+    /// The parent directory cannot be created, or the target is an existing path of the
+    /// other kind (a directory where a file is asked for, or the reverse).
+    pub fn try_new(target: &Path, schema: SchemaRef, max_rows_per_file: usize) -> Result<Self> {
+        let single_file = target
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+        if single_file && target.is_dir() {
+            return Err(Error::InvalidArgument(format!(
+                "output '{}' ends in .parquet but is a directory",
+                target.display()
+            )));
+        }
+        if !single_file && target.is_file() {
+            return Err(Error::InvalidArgument(format!(
+                "output '{}' is an existing file; a directory output needs a directory path \
+                 (or name the output *.parquet for one file)",
+                target.display()
+            )));
+        }
+        let mut created_dirs = Vec::new();
+        let parent = target
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut missing = Vec::new();
+        let mut dir = Some(parent);
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            missing.push(d.to_path_buf());
+            dir = d.parent();
+        }
+        for d in missing.into_iter().rev() {
+            std::fs::create_dir(&d).map_err(Error::io(&d))?;
+            created_dirs.push(d);
+        }
+        let temp = hidden_sibling(target, "tmp")?;
+        let mut writer = Self {
+            target: target.to_path_buf(),
+            temp,
+            single_file,
+            schema,
+            max_rows_per_file: max_rows_per_file.max(1),
+            writer: None,
+            rows_in_part: 0,
+            files: Vec::new(),
+            created_dirs,
+            committed: false,
+        };
+        if !single_file {
+            std::fs::create_dir(&writer.temp).map_err(Error::io(&writer.temp))?;
+        }
+        writer.open_part()?;
+        Ok(writer)
+    }
+
+    fn properties() -> WriterProperties {
+        WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .build()
+    }
+
+    fn open_part(&mut self) -> Result<()> {
+        let path = if self.single_file {
+            self.temp.clone()
+        } else {
+            self.temp
+                .join(format!("part-{:05}.parquet", self.files.len()))
+        };
+        let file = File::create(&path).map_err(Error::io(&path))?;
+        let writer = ArrowWriter::try_new(
+            file,
+            std::sync::Arc::clone(&self.schema),
+            Some(Self::properties()),
+        )
+        .map_err(Error::parquet(&path))?;
+        self.writer = Some(writer);
+        self.files.push(path);
+        self.rows_in_part = 0;
+        Ok(())
+    }
+
+    fn close_part(&mut self) -> Result<()> {
+        if let Some(writer) = self.writer.take() {
+            let path = self.files.last().cloned().unwrap_or_default();
+            writer.close().map_err(Error::parquet(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Appends rows, starting a new part file when the current one is full.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            if !self.single_file && self.rows_in_part >= self.max_rows_per_file {
+                self.close_part()?;
+                self.open_part()?;
+            }
+            let room = if self.single_file {
+                usize::MAX
+            } else {
+                self.max_rows_per_file - self.rows_in_part
+            };
+            let take = room.min(batch.num_rows() - offset);
+            let path = self.files.last().cloned().unwrap_or_default();
+            if let Some(writer) = self.writer.as_mut() {
+                writer
+                    .write(&batch.slice(offset, take))
+                    .map_err(Error::parquet(&path))?;
+            }
+            self.rows_in_part += take;
+            offset += take;
+        }
+        Ok(())
+    }
+
+    /// Finishes the files and moves them into place. Returns the final file paths.
+    pub fn commit(mut self) -> Result<Vec<PathBuf>> {
+        self.close_part()?;
+        if self.single_file {
+            std::fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
+            self.committed = true;
+            return Ok(vec![self.target.clone()]);
+        }
+        if self.target.exists() {
+            let old = hidden_sibling(&self.target, "old")?;
+            std::fs::rename(&self.target, &old).map_err(Error::io(&self.target))?;
+            if let Err(e) = std::fs::rename(&self.temp, &self.target) {
+                // Put the previous output back rather than leave none.
+                let _ = std::fs::rename(&old, &self.target);
+                return Err(Error::io(&self.target)(e));
+            }
+            std::fs::remove_dir_all(&old).map_err(Error::io(&old))?;
+        } else {
+            std::fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
+        }
+        self.committed = true;
+        Ok(self
+            .files
+            .iter()
+            .filter_map(|f| f.file_name().map(|n| self.target.join(n)))
+            .collect())
+    }
+}
+
+impl Drop for OutputWriter {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        drop(self.writer.take());
+        if self.single_file {
+            let _ = std::fs::remove_file(&self.temp);
+        } else {
+            let _ = std::fs::remove_dir_all(&self.temp);
+        }
+        for dir in self.created_dirs.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
