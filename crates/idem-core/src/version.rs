@@ -172,8 +172,10 @@ fn encode_column(
                 if text.is_valid(index) {
                     let value = text.value(index);
                     let lsn = parse_pg_lsn(value).ok_or_else(|| {
+                        let shown: String = value.chars().take(40).collect();
+                        let more = if shown.len() < value.len() { "…" } else { "" };
                         ArrowError::InvalidArgumentError(format!(
-                            "version column '{name}' holds '{value}', which is not a pg_lsn (X/Y in hexadecimal)"
+                            "version column '{name}' holds '{shown}{more}', which is not a pg_lsn (X/Y in hexadecimal)"
                         ))
                     })?;
                     put(row, &lsn.to_be_bytes());

@@ -1,0 +1,481 @@
+//! End-to-end tests of the `idem` binary: every option of `idem dedup` and every bad-input
+//! case, with the stats invariant checked on each successful run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, RecordBatchReader, AsArray, DictionaryArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    UInt64Array,
+};
+use arrow::datatypes::{DataType, Int32Type, Int64Type};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+use tempfile::TempDir;
+
+fn idem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) {
+    let file = std::fs::File::create(path).expect("create");
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), None).expect("writer");
+    writer.write(batch).expect("write");
+    writer.close().expect("close");
+}
+
+fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+    RecordBatch::try_from_iter(columns).expect("batch")
+}
+
+fn strs(values: &[&str]) -> ArrayRef {
+    Arc::new(StringArray::from(values.to_vec()))
+}
+
+fn ints(values: &[i64]) -> ArrayRef {
+    Arc::new(Int64Array::from(values.to_vec()))
+}
+
+/// Every row of a Parquet output (file or directory of parts), in order.
+fn read_output(path: &Path) -> RecordBatch {
+    let files: Vec<PathBuf> = if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .expect("read_dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut batches = Vec::new();
+    let mut schema = None;
+    for file in files {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).expect("open"))
+            .expect("parquet")
+            .build()
+            .expect("reader");
+        schema.get_or_insert(reader.schema());
+        batches.extend(reader.map(|b| b.expect("batch")));
+    }
+    arrow::compute::concat_batches(&schema.expect("a file"), &batches).expect("concat")
+}
+
+fn column_strings(batch: &RecordBatch, name: &str) -> Vec<String> {
+    let column = batch.column_by_name(name).expect("column");
+    let formatter = arrow::util::display::ArrayFormatter::try_new(
+        column.as_ref(),
+        &arrow::util::display::FormatOptions::default().with_null("∅"),
+    )
+    .expect("formatter");
+    (0..column.len()).map(|i| formatter.value(i).to_string()).collect()
+}
+
+/// Runs `idem dedup ARGS --stats -`, expects success, checks the invariant, returns stats.
+fn dedup_ok(args: &[&str]) -> Value {
+    let output = idem().arg("dedup").args(args).args(["--stats", "-"]).output().expect("run");
+    assert!(
+        output.status.success(),
+        "idem {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("stats JSON on stdout");
+    let n = |k: &str| stats[k].as_u64().unwrap_or_else(|| panic!("stat {k} in {stats}"));
+    assert_eq!(
+        n("rows_in"),
+        n("rows_out") + n("duplicates") + n("superseded") + n("deleted"),
+        "{stats}"
+    );
+    stats
+}
+
+/// Runs `idem dedup ARGS`, expects failure, returns stderr.
+fn dedup_err(args: &[&str]) -> (Output, String) {
+    let output = idem().arg("dedup").args(args).output().expect("run");
+    assert!(!output.status.success(), "idem {args:?} should have failed");
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    (output, stderr)
+}
+
+fn sample() -> String {
+    format!("{}/data/events", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn sample_data_dedups_with_consistent_stats_and_input_schema() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[&sample(), "-o", p(&out), "--op", "op"]);
+    assert_eq!(stats["input_files"], 3);
+    assert!(stats["duplicates"].as_u64() > Some(0));
+    assert!(stats["superseded"].as_u64() > Some(0));
+    assert!(stats["deleted"].as_u64() > Some(0));
+    let output = read_output(&out);
+    assert_eq!(output.num_rows() as u64, stats["rows_out"].as_u64().expect("rows_out"));
+    let input_schema = ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(format!("{}/events-00000.parquet", sample())).expect("open"),
+    )
+    .expect("parquet")
+    .schema()
+    .clone();
+    assert_eq!(output.schema().fields(), input_schema.fields());
+    assert!(!column_strings(&output, "op").contains(&"d".to_owned()));
+}
+
+#[test]
+fn running_twice_changes_nothing_and_output_is_deterministic() {
+    let dir = TempDir::new().expect("tmp");
+    let once = dir.path().join("once.parquet");
+    let again = dir.path().join("again.parquet");
+    let twice = dir.path().join("twice.parquet");
+    dedup_ok(&[&sample(), "-o", p(&once), "--op", "op"]);
+    dedup_ok(&[&sample(), "-o", p(&again), "--op", "op"]);
+    assert_eq!(std::fs::read(&once).expect("once"), std::fs::read(&again).expect("again"));
+    let stats = dedup_ok(&[p(&once), "-o", p(&twice), "--op", "op"]);
+    assert_eq!(stats["rows_in"], stats["rows_out"]);
+    assert_eq!(std::fs::read(&once).expect("once"), std::fs::read(&twice).expect("twice"));
+}
+
+#[test]
+fn directory_output_has_parts_and_is_replaced_whole() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out");
+    let stats = dedup_ok(&[&sample(), "-o", p(&out), "--max-rows-per-file", "1000"]);
+    let parts = std::fs::read_dir(&out).expect("dir").count();
+    let rows = stats["rows_out"].as_u64().expect("rows");
+    assert_eq!(parts as u64, rows.div_ceil(1000));
+    assert_eq!(read_output(&out).num_rows() as u64, rows);
+    // A rerun with bigger parts replaces the directory: no stale part survives.
+    dedup_ok(&[&sample(), "-o", p(&out)]);
+    assert_eq!(std::fs::read_dir(&out).expect("dir").count(), 1);
+    assert_eq!(read_output(&out).num_rows() as u64, rows);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Two files; key k1 ties at lsn 5 with different statuses across them.
+fn tie_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let a = dir.join("a.parquet");
+    let b = dir.join("b.parquet");
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", strs(&["k1", "k2", "k3"])),
+            ("sequence", ints(&[0, 0, 0])),
+            ("lsn", ints(&[5, 1, 1])),
+            ("status", strs(&["first", "x", "same"])),
+        ]),
+    );
+    write_parquet(
+        &b,
+        &batch(vec![
+            ("event_id", strs(&["k3", "k1", "k2"])),
+            ("sequence", ints(&[0, 0, 0])),
+            ("lsn", ints(&[1, 5, 0])),
+            ("status", strs(&["same", "last", "older"])),
+        ]),
+    );
+    (a, b)
+}
+
+#[test]
+fn ties_first_last_and_error() {
+    let dir = TempDir::new().expect("tmp");
+    let (a, b) = tie_files(dir.path());
+    let out = dir.path().join("out.parquet");
+
+    let stats = dedup_ok(&[p(&a), p(&b), "-o", p(&out)]);
+    assert_eq!(column_strings(&read_output(&out), "status"), ["first", "x", "same"]);
+    assert_eq!((stats["duplicates"].as_u64(), stats["superseded"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(stats["conflicts"], 1, "k1 ties with different rows; k3's tie is identical");
+
+    dedup_ok(&[p(&a), p(&b), "-o", p(&out), "--on-tie", "last"]);
+    // Kept rows stay in input order: k2 and k3 from a.parquet... k1 now from b.parquet.
+    let output = read_output(&out);
+    assert_eq!(column_strings(&output, "event_id"), ["k2", "k3", "k1"]);
+    assert_eq!(column_strings(&output, "status"), ["x", "same", "last"]);
+
+    // Input order is the order given.
+    dedup_ok(&[p(&b), p(&a), "-o", p(&out)]);
+    assert!(column_strings(&read_output(&out), "status").contains(&"last".to_owned()));
+
+    std::fs::remove_file(&out).expect("rm");
+    let (output, stderr) = dedup_err(&[p(&a), p(&b), "-o", p(&out), "--on-tie", "error"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("event_id=k1") && stderr.contains("lsn=5"), "{stderr}");
+    assert!(!out.exists(), "no output after an error");
+}
+
+#[test]
+fn identical_replays_are_not_conflicts_even_under_on_tie_error() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", strs(&["k", "k", "k"])),
+            ("sequence", ints(&[1, 1, 1])),
+            ("lsn", ints(&[3, 3, 3])),
+            ("status", strs(&["same", "same", "same"])),
+        ]),
+    );
+    let stats = dedup_ok(&[p(&a), "-o", p(&dir.path().join("o.parquet")), "--on-tie", "error"]);
+    assert_eq!((stats["rows_out"].as_u64(), stats["duplicates"].as_u64(), stats["conflicts"].as_u64()), (Some(1), Some(2), Some(0)));
+}
+
+#[test]
+fn deletes_drop_keys_and_late_older_updates_do_not_resurrect_them() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", strs(&["k1", "k1", "k2", "k1", "k3", "k3"])),
+            ("sequence", ints(&[0, 0, 0, 0, 0, 0])),
+            ("lsn", ints(&[1, 3, 1, 2, 1, 2])),
+            ("op", strs(&["c", "DELETE", "c", "u", "c", "x"])),
+        ]),
+    );
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[p(&a), "-o", p(&out), "--op", "op", "--delete-values", "DELETE,x"]);
+    assert_eq!(column_strings(&read_output(&out), "event_id"), ["k2"]);
+    assert_eq!((stats["deleted"].as_u64(), stats["superseded"].as_u64()), (Some(2), Some(3)));
+
+    let stats = dedup_ok(&[p(&a), "-o", p(&out), "--op", "op", "--delete-values", "DELETE,x", "--keep-tombstones"]);
+    let output = read_output(&out);
+    assert_eq!(column_strings(&output, "event_id"), ["k1", "k2", "k3"]);
+    assert_eq!(column_strings(&output, "op"), ["DELETE", "c", "x"]);
+    assert_eq!((stats["deleted"].as_u64(), stats["tombstones_kept"].as_u64()), (Some(0), Some(2)));
+
+    // Without --op nothing is a delete.
+    let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
+    assert_eq!(stats["rows_out"], 3);
+}
+
+#[test]
+fn null_keys_group_together_and_null_versions_lose() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", Arc::new(StringArray::from(vec![None, None, Some("k"), Some("k")])) as ArrayRef),
+            ("sequence", Arc::new(Int64Array::from(vec![Some(1), Some(1), None, None])) as ArrayRef),
+            ("lsn", Arc::new(Int64Array::from(vec![Some(2), None, None, Some(-7)])) as ArrayRef),
+            ("tag", strs(&["a", "b", "c", "d"])),
+        ]),
+    );
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
+    assert_eq!(column_strings(&read_output(&out), "tag"), ["a", "d"]);
+    assert_eq!((stats["null_keys"].as_u64(), stats["superseded"].as_u64()), (Some(4), Some(2)));
+}
+
+#[test]
+fn version_types_unsigned_pg_lsn_and_composite() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("id", strs(&["u", "u", "l", "l", "l", "c", "c", "c"])),
+            ("big", Arc::new(UInt64Array::from(vec![u64::MAX, i64::MAX as u64, 0, 0, 0, 0, 0, 0])) as ArrayRef),
+            ("pg", strs(&["0/0", "0/0", "0/FF", "1/0", "0/100", "0/0", "0/0", "0/0"])),
+            ("serial", ints(&[0, 0, 0, 0, 0, 2, 9, 5])),
+            ("tag", strs(&["u-max", "u-mid", "l-ff", "l-1/0", "l-100", "c2", "c9", "c5"])),
+        ]),
+    );
+    let out = dir.path().join("out.parquet");
+    dedup_ok(&[p(&a), "-o", p(&out), "--key", "id", "--version", "big"]);
+    assert_eq!(column_strings(&read_output(&out), "tag"), ["u-max", "l-ff", "c2"]);
+    dedup_ok(&[p(&a), "-o", p(&out), "--key", "id", "--version", "pg,serial"]);
+    assert_eq!(column_strings(&read_output(&out), "tag"), ["u-max", "l-1/0", "c9"]);
+}
+
+#[test]
+fn dictionary_and_plain_keys_match_and_schemas_unify_by_name() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    let b = dir.path().join("b.parquet");
+    let dict: DictionaryArray<Int32Type> = vec!["k1", "k2"].into_iter().collect();
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", Arc::new(dict) as ArrayRef),
+            ("sequence", ints(&[0, 0])),
+            ("lsn", ints(&[1, 1])),
+        ]),
+    );
+    // Other column order, plain strings, an extra nullable column.
+    write_parquet(
+        &b,
+        &batch(vec![
+            ("lsn", ints(&[2, 0])),
+            ("note", Arc::new(StringArray::from(vec![Some("new"), None])) as ArrayRef),
+            ("sequence", ints(&[0, 0])),
+            ("event_id", strs(&["k2", "k1"])),
+        ]),
+    );
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[p(&a), p(&b), "-o", p(&out)]);
+    assert_eq!(stats["distinct_keys"], 2);
+    let output = read_output(&out);
+    let names: Vec<_> = output.schema().fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["event_id", "sequence", "lsn", "note"]);
+    assert_eq!(column_strings(&output, "event_id"), ["k1", "k2"]);
+    assert_eq!(column_strings(&output, "note"), ["∅", "new"]);
+    assert!(matches!(output.schema().field(0).data_type(), DataType::Dictionary(_, _)));
+}
+
+#[test]
+fn arrow_ipc_files_streams_and_globs_are_inputs() {
+    let dir = TempDir::new().expect("tmp");
+    let rows = batch(vec![
+        ("event_id", strs(&["a", "b", "a"])),
+        ("sequence", ints(&[1, 1, 1])),
+        ("lsn", ints(&[1, 1, 2])),
+    ]);
+    let file = std::fs::File::create(dir.path().join("x.arrow")).expect("create");
+    let mut writer = arrow::ipc::writer::FileWriter::try_new(file, &rows.schema()).expect("ipc");
+    writer.write(&rows).expect("write");
+    writer.finish().expect("finish");
+    let file = std::fs::File::create(dir.path().join("y.arrows")).expect("create");
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(file, &rows.schema()).expect("ipc");
+    writer.write(&rows).expect("write");
+    writer.finish().expect("finish");
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[&format!("{}/*.arrow*", p(dir.path())), "-o", p(&out)]);
+    assert_eq!((stats["input_files"].as_u64(), stats["rows_in"].as_u64(), stats["rows_out"].as_u64()), (Some(2), Some(6), Some(2)));
+    assert_eq!(column_strings(&read_output(&out), "lsn"), ["1", "2"]);
+}
+
+#[test]
+fn zero_row_files_are_fine() {
+    let dir = TempDir::new().expect("tmp");
+    let a = dir.path().join("a.parquet");
+    write_parquet(&a, &batch(vec![("event_id", strs(&[])), ("sequence", ints(&[])), ("lsn", ints(&[]))]));
+    let out = dir.path().join("out.parquet");
+    let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
+    assert_eq!(stats["rows_out"], 0);
+    assert_eq!(read_output(&out).num_columns(), 3);
+}
+
+#[test]
+fn stats_file_and_summary_line() {
+    let dir = TempDir::new().expect("tmp");
+    let stats_path = dir.path().join("stats.json");
+    let output = idem()
+        .args(["dedup", &sample(), "-o", p(&dir.path().join("o.parquet")), "--stats", p(&stats_path)])
+        .output()
+        .expect("run");
+    assert!(output.status.success());
+    let stats: Value = serde_json::from_slice(&std::fs::read(&stats_path).expect("stats")).expect("json");
+    for key in ["rows_in", "rows_out", "duplicates", "superseded", "deleted", "conflicts", "null_keys", "input_files"] {
+        assert!(stats[key].is_u64(), "{key} in {stats}");
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one summary line, no progress bar off a terminal: {stderr}");
+    assert!(stderr.contains("rows in"), "{stderr}");
+}
+
+/// Bad inputs: exit 1, the file and column named, nothing left at the output path.
+#[test]
+fn bad_inputs_fail_cleanly() {
+    let dir = TempDir::new().expect("tmp");
+    let good = dir.path().join("good.parquet");
+    write_parquet(&good, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", ints(&[1]))]));
+    let out = dir.path().join("out.parquet");
+    let out_dir = dir.path().join("outdir");
+
+    let truncated = dir.path().join("truncated.parquet");
+    let bytes = std::fs::read(&good).expect("read");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    let garbage = dir.path().join("garbage.parquet");
+    std::fs::write(&garbage, b"this is not parquet at all").expect("write");
+    let no_version = dir.path().join("no_version.parquet");
+    write_parquet(&no_version, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1]))]));
+    let float_version = dir.path().join("float.parquet");
+    write_parquet(
+        &float_version,
+        &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", Arc::new(Float64Array::from(vec![1.0])) as ArrayRef)]),
+    );
+    let drifted = dir.path().join("drifted.parquet");
+    write_parquet(&drifted, &batch(vec![("event_id", ints(&[7])), ("sequence", ints(&[1])), ("lsn", ints(&[1]))]));
+    let bad_lsn = dir.path().join("bad_lsn.parquet");
+    write_parquet(&bad_lsn, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", strs(&["zz/1"]))]));
+    let empty_dir = dir.path().join("empty");
+    std::fs::create_dir(&empty_dir).expect("mkdir");
+
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec![p(&good), p(&truncated)], vec!["truncated.parquet"]),
+        (vec![p(&garbage)], vec!["garbage.parquet"]),
+        (vec![p(&good), p(&no_version)], vec!["no_version.parquet", "'lsn'"]),
+        (vec![p(&good), "--key", "event_id,missing"], vec!["good.parquet", "'missing'"]),
+        (vec![p(&float_version)], vec!["float.parquet", "'lsn'", "Float64"]),
+        (vec![p(&good), p(&drifted)], vec!["drifted.parquet", "'event_id'"]),
+        (vec![p(&bad_lsn)], vec!["bad_lsn.parquet", "zz/1"]),
+        (vec![p(&empty_dir)], vec!["empty"]),
+        (vec!["/no/such/file.parquet"], vec!["/no/such/file.parquet"]),
+        (vec![p(&good), "--op", "nope"], vec!["'nope'"]),
+    ];
+    for (args, expected) in cases {
+        for target in [&out, &out_dir] {
+            let mut all = args.clone();
+            all.extend(["-o", p(target)]);
+            let (output, stderr) = dedup_err(&all);
+            assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "one-line error: {stderr}");
+            for needle in &expected {
+                assert!(stderr.contains(needle), "{args:?}: '{needle}' not in {stderr}");
+            }
+            assert!(!target.exists(), "{args:?} left {}", target.display());
+        }
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+
+    // No input at all is a usage error.
+    let output = idem().args(["dedup", "-o", p(&out)]).output().expect("run");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn a_failed_run_leaves_the_previous_output_untouched() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out.parquet");
+    dedup_ok(&[&sample(), "-o", p(&out)]);
+    let before = std::fs::read(&out).expect("read");
+    let bad = dir.path().join("bad.parquet");
+    std::fs::write(&bad, b"PAR1 broken").expect("write");
+    dedup_err(&[&sample(), p(&bad), "-o", p(&out)]);
+    assert_eq!(std::fs::read(&out).expect("read"), before);
+}
+
+#[test]
+fn generator_output_round_trips() {
+    let dir = TempDir::new().expect("tmp");
+    let status = idem()
+        .args(["generate", "-o", p(&dir.path().join("gen")), "--rows", "20000", "--files", "2", "--seed", "3"])
+        .status()
+        .expect("run");
+    assert!(status.success());
+    let stats = dedup_ok(&[p(&dir.path().join("gen")), "-o", p(&dir.path().join("o")), "--op", "op"]);
+    assert_eq!(stats["rows_in"], 20000);
+    let output = read_output(&dir.path().join("o"));
+    let lsn = output.column_by_name("lsn").expect("lsn").as_primitive::<Int64Type>();
+    assert_eq!(lsn.null_count(), 0);
+}
