@@ -6,8 +6,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, RecordBatchReader, AsArray, DictionaryArray, Float64Array, Int64Array, RecordBatch, StringArray,
-    UInt64Array,
+    Array, ArrayRef, AsArray, DictionaryArray, Float64Array, Int64Array, RecordBatch,
+    RecordBatchReader, StringArray, UInt64Array,
 };
 use arrow::datatypes::{DataType, Int32Type, Int64Type};
 use parquet::arrow::ArrowWriter;
@@ -53,10 +53,11 @@ fn read_output(path: &Path) -> RecordBatch {
     let mut batches = Vec::new();
     let mut schema = None;
     for file in files {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).expect("open"))
-            .expect("parquet")
-            .build()
-            .expect("reader");
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).expect("open"))
+                .expect("parquet")
+                .build()
+                .expect("reader");
         schema.get_or_insert(reader.schema());
         batches.extend(reader.map(|b| b.expect("batch")));
     }
@@ -70,19 +71,30 @@ fn column_strings(batch: &RecordBatch, name: &str) -> Vec<String> {
         &arrow::util::display::FormatOptions::default().with_null("∅"),
     )
     .expect("formatter");
-    (0..column.len()).map(|i| formatter.value(i).to_string()).collect()
+    (0..column.len())
+        .map(|i| formatter.value(i).to_string())
+        .collect()
 }
 
 /// Runs `idem dedup ARGS --stats -`, expects success, checks the invariant, returns stats.
 fn dedup_ok(args: &[&str]) -> Value {
-    let output = idem().arg("dedup").args(args).args(["--stats", "-"]).output().expect("run");
+    let output = idem()
+        .arg("dedup")
+        .args(args)
+        .args(["--stats", "-"])
+        .output()
+        .expect("run");
     assert!(
         output.status.success(),
         "idem {args:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let stats: Value = serde_json::from_slice(&output.stdout).expect("stats JSON on stdout");
-    let n = |k: &str| stats[k].as_u64().unwrap_or_else(|| panic!("stat {k} in {stats}"));
+    let n = |k: &str| {
+        stats[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stat {k} in {stats}"))
+    };
     assert_eq!(
         n("rows_in"),
         n("rows_out") + n("duplicates") + n("superseded") + n("deleted"),
@@ -117,14 +129,15 @@ fn sample_data_dedups_with_consistent_stats_and_input_schema() {
     assert!(stats["superseded"].as_u64() > Some(0));
     assert!(stats["deleted"].as_u64() > Some(0));
     let output = read_output(&out);
-    assert_eq!(output.num_rows() as u64, stats["rows_out"].as_u64().expect("rows_out"));
-    let input_schema = ParquetRecordBatchReaderBuilder::try_new(
+    assert_eq!(
+        output.num_rows() as u64,
+        stats["rows_out"].as_u64().expect("rows_out")
+    );
+    let input = ParquetRecordBatchReaderBuilder::try_new(
         std::fs::File::open(format!("{}/events-00000.parquet", sample())).expect("open"),
     )
-    .expect("parquet")
-    .schema()
-    .clone();
-    assert_eq!(output.schema().fields(), input_schema.fields());
+    .expect("parquet");
+    assert_eq!(output.schema().fields(), input.schema().fields());
     assert!(!column_strings(&output, "op").contains(&"d".to_owned()));
 }
 
@@ -136,10 +149,16 @@ fn running_twice_changes_nothing_and_output_is_deterministic() {
     let twice = dir.path().join("twice.parquet");
     dedup_ok(&[&sample(), "-o", p(&once), "--op", "op"]);
     dedup_ok(&[&sample(), "-o", p(&again), "--op", "op"]);
-    assert_eq!(std::fs::read(&once).expect("once"), std::fs::read(&again).expect("again"));
+    assert_eq!(
+        std::fs::read(&once).expect("once"),
+        std::fs::read(&again).expect("again")
+    );
     let stats = dedup_ok(&[p(&once), "-o", p(&twice), "--op", "op"]);
     assert_eq!(stats["rows_in"], stats["rows_out"]);
-    assert_eq!(std::fs::read(&once).expect("once"), std::fs::read(&twice).expect("twice"));
+    assert_eq!(
+        std::fs::read(&once).expect("once"),
+        std::fs::read(&twice).expect("twice")
+    );
 }
 
 #[test]
@@ -195,9 +214,18 @@ fn ties_first_last_and_error() {
     let out = dir.path().join("out.parquet");
 
     let stats = dedup_ok(&[p(&a), p(&b), "-o", p(&out)]);
-    assert_eq!(column_strings(&read_output(&out), "status"), ["first", "x", "same"]);
-    assert_eq!((stats["duplicates"].as_u64(), stats["superseded"].as_u64()), (Some(2), Some(1)));
-    assert_eq!(stats["conflicts"], 1, "k1 ties with different rows; k3's tie is identical");
+    assert_eq!(
+        column_strings(&read_output(&out), "status"),
+        ["first", "x", "same"]
+    );
+    assert_eq!(
+        (stats["duplicates"].as_u64(), stats["superseded"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(
+        stats["conflicts"], 1,
+        "k1 ties with different rows; k3's tie is identical"
+    );
 
     dedup_ok(&[p(&a), p(&b), "-o", p(&out), "--on-tie", "last"]);
     // Kept rows stay in input order: k2 and k3 from a.parquet... k1 now from b.parquet.
@@ -212,7 +240,10 @@ fn ties_first_last_and_error() {
     std::fs::remove_file(&out).expect("rm");
     let (output, stderr) = dedup_err(&[p(&a), p(&b), "-o", p(&out), "--on-tie", "error"]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr.contains("event_id=k1") && stderr.contains("lsn=5"), "{stderr}");
+    assert!(
+        stderr.contains("event_id=k1") && stderr.contains("lsn=5"),
+        "{stderr}"
+    );
     assert!(!out.exists(), "no output after an error");
 }
 
@@ -229,8 +260,21 @@ fn identical_replays_are_not_conflicts_even_under_on_tie_error() {
             ("status", strs(&["same", "same", "same"])),
         ]),
     );
-    let stats = dedup_ok(&[p(&a), "-o", p(&dir.path().join("o.parquet")), "--on-tie", "error"]);
-    assert_eq!((stats["rows_out"].as_u64(), stats["duplicates"].as_u64(), stats["conflicts"].as_u64()), (Some(1), Some(2), Some(0)));
+    let stats = dedup_ok(&[
+        p(&a),
+        "-o",
+        p(&dir.path().join("o.parquet")),
+        "--on-tie",
+        "error",
+    ]);
+    assert_eq!(
+        (
+            stats["rows_out"].as_u64(),
+            stats["duplicates"].as_u64(),
+            stats["conflicts"].as_u64()
+        ),
+        (Some(1), Some(2), Some(0))
+    );
 }
 
 #[test]
@@ -247,15 +291,38 @@ fn deletes_drop_keys_and_late_older_updates_do_not_resurrect_them() {
         ]),
     );
     let out = dir.path().join("out.parquet");
-    let stats = dedup_ok(&[p(&a), "-o", p(&out), "--op", "op", "--delete-values", "DELETE,x"]);
+    let stats = dedup_ok(&[
+        p(&a),
+        "-o",
+        p(&out),
+        "--op",
+        "op",
+        "--delete-values",
+        "DELETE,x",
+    ]);
     assert_eq!(column_strings(&read_output(&out), "event_id"), ["k2"]);
-    assert_eq!((stats["deleted"].as_u64(), stats["superseded"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(
+        (stats["deleted"].as_u64(), stats["superseded"].as_u64()),
+        (Some(2), Some(3))
+    );
 
-    let stats = dedup_ok(&[p(&a), "-o", p(&out), "--op", "op", "--delete-values", "DELETE,x", "--keep-tombstones"]);
+    let stats = dedup_ok(&[
+        p(&a),
+        "-o",
+        p(&out),
+        "--op",
+        "op",
+        "--delete-values",
+        "DELETE,x",
+        "--keep-tombstones",
+    ]);
     let output = read_output(&out);
     assert_eq!(column_strings(&output, "event_id"), ["k1", "k2", "k3"]);
     assert_eq!(column_strings(&output, "op"), ["DELETE", "c", "x"]);
-    assert_eq!((stats["deleted"].as_u64(), stats["tombstones_kept"].as_u64()), (Some(0), Some(2)));
+    assert_eq!(
+        (stats["deleted"].as_u64(), stats["tombstones_kept"].as_u64()),
+        (Some(0), Some(2))
+    );
 
     // Without --op nothing is a delete.
     let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
@@ -269,16 +336,28 @@ fn null_keys_group_together_and_null_versions_lose() {
     write_parquet(
         &a,
         &batch(vec![
-            ("event_id", Arc::new(StringArray::from(vec![None, None, Some("k"), Some("k")])) as ArrayRef),
-            ("sequence", Arc::new(Int64Array::from(vec![Some(1), Some(1), None, None])) as ArrayRef),
-            ("lsn", Arc::new(Int64Array::from(vec![Some(2), None, None, Some(-7)])) as ArrayRef),
+            (
+                "event_id",
+                Arc::new(StringArray::from(vec![None, None, Some("k"), Some("k")])) as ArrayRef,
+            ),
+            (
+                "sequence",
+                Arc::new(Int64Array::from(vec![Some(1), Some(1), None, None])) as ArrayRef,
+            ),
+            (
+                "lsn",
+                Arc::new(Int64Array::from(vec![Some(2), None, None, Some(-7)])) as ArrayRef,
+            ),
             ("tag", strs(&["a", "b", "c", "d"])),
         ]),
     );
     let out = dir.path().join("out.parquet");
     let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
     assert_eq!(column_strings(&read_output(&out), "tag"), ["a", "d"]);
-    assert_eq!((stats["null_keys"].as_u64(), stats["superseded"].as_u64()), (Some(4), Some(2)));
+    assert_eq!(
+        (stats["null_keys"].as_u64(), stats["superseded"].as_u64()),
+        (Some(4), Some(2))
+    );
 }
 
 #[test]
@@ -289,17 +368,49 @@ fn version_types_unsigned_pg_lsn_and_composite() {
         &a,
         &batch(vec![
             ("id", strs(&["u", "u", "l", "l", "l", "c", "c", "c"])),
-            ("big", Arc::new(UInt64Array::from(vec![u64::MAX, i64::MAX as u64, 0, 0, 0, 0, 0, 0])) as ArrayRef),
-            ("pg", strs(&["0/0", "0/0", "0/FF", "1/0", "0/100", "0/0", "0/0", "0/0"])),
+            (
+                "big",
+                Arc::new(UInt64Array::from(vec![
+                    u64::MAX,
+                    i64::MAX as u64,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ])) as ArrayRef,
+            ),
+            (
+                "pg",
+                strs(&["0/0", "0/0", "0/FF", "1/0", "0/100", "0/0", "0/0", "0/0"]),
+            ),
             ("serial", ints(&[0, 0, 0, 0, 0, 2, 9, 5])),
-            ("tag", strs(&["u-max", "u-mid", "l-ff", "l-1/0", "l-100", "c2", "c9", "c5"])),
+            (
+                "tag",
+                strs(&["u-max", "u-mid", "l-ff", "l-1/0", "l-100", "c2", "c9", "c5"]),
+            ),
         ]),
     );
     let out = dir.path().join("out.parquet");
     dedup_ok(&[p(&a), "-o", p(&out), "--key", "id", "--version", "big"]);
-    assert_eq!(column_strings(&read_output(&out), "tag"), ["u-max", "l-ff", "c2"]);
-    dedup_ok(&[p(&a), "-o", p(&out), "--key", "id", "--version", "pg,serial"]);
-    assert_eq!(column_strings(&read_output(&out), "tag"), ["u-max", "l-1/0", "c9"]);
+    assert_eq!(
+        column_strings(&read_output(&out), "tag"),
+        ["u-max", "l-ff", "c2"]
+    );
+    dedup_ok(&[
+        p(&a),
+        "-o",
+        p(&out),
+        "--key",
+        "id",
+        "--version",
+        "pg,serial",
+    ]);
+    assert_eq!(
+        column_strings(&read_output(&out), "tag"),
+        ["u-max", "l-1/0", "c9"]
+    );
 }
 
 #[test]
@@ -321,7 +432,10 @@ fn dictionary_and_plain_keys_match_and_schemas_unify_by_name() {
         &b,
         &batch(vec![
             ("lsn", ints(&[2, 0])),
-            ("note", Arc::new(StringArray::from(vec![Some("new"), None])) as ArrayRef),
+            (
+                "note",
+                Arc::new(StringArray::from(vec![Some("new"), None])) as ArrayRef,
+            ),
             ("sequence", ints(&[0, 0])),
             ("event_id", strs(&["k2", "k1"])),
         ]),
@@ -330,11 +444,19 @@ fn dictionary_and_plain_keys_match_and_schemas_unify_by_name() {
     let stats = dedup_ok(&[p(&a), p(&b), "-o", p(&out)]);
     assert_eq!(stats["distinct_keys"], 2);
     let output = read_output(&out);
-    let names: Vec<_> = output.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<_> = output
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     assert_eq!(names, ["event_id", "sequence", "lsn", "note"]);
     assert_eq!(column_strings(&output, "event_id"), ["k1", "k2"]);
     assert_eq!(column_strings(&output, "note"), ["∅", "new"]);
-    assert!(matches!(output.schema().field(0).data_type(), DataType::Dictionary(_, _)));
+    assert!(matches!(
+        output.schema().field(0).data_type(),
+        DataType::Dictionary(_, _)
+    ));
 }
 
 #[test]
@@ -355,7 +477,14 @@ fn arrow_ipc_files_streams_and_globs_are_inputs() {
     writer.finish().expect("finish");
     let out = dir.path().join("out.parquet");
     let stats = dedup_ok(&[&format!("{}/*.arrow*", p(dir.path())), "-o", p(&out)]);
-    assert_eq!((stats["input_files"].as_u64(), stats["rows_in"].as_u64(), stats["rows_out"].as_u64()), (Some(2), Some(6), Some(2)));
+    assert_eq!(
+        (
+            stats["input_files"].as_u64(),
+            stats["rows_in"].as_u64(),
+            stats["rows_out"].as_u64()
+        ),
+        (Some(2), Some(6), Some(2))
+    );
     assert_eq!(column_strings(&read_output(&out), "lsn"), ["1", "2"]);
 }
 
@@ -363,7 +492,14 @@ fn arrow_ipc_files_streams_and_globs_are_inputs() {
 fn zero_row_files_are_fine() {
     let dir = TempDir::new().expect("tmp");
     let a = dir.path().join("a.parquet");
-    write_parquet(&a, &batch(vec![("event_id", strs(&[])), ("sequence", ints(&[])), ("lsn", ints(&[]))]));
+    write_parquet(
+        &a,
+        &batch(vec![
+            ("event_id", strs(&[])),
+            ("sequence", ints(&[])),
+            ("lsn", ints(&[])),
+        ]),
+    );
     let out = dir.path().join("out.parquet");
     let stats = dedup_ok(&[p(&a), "-o", p(&out)]);
     assert_eq!(stats["rows_out"], 0);
@@ -375,16 +511,37 @@ fn stats_file_and_summary_line() {
     let dir = TempDir::new().expect("tmp");
     let stats_path = dir.path().join("stats.json");
     let output = idem()
-        .args(["dedup", &sample(), "-o", p(&dir.path().join("o.parquet")), "--stats", p(&stats_path)])
+        .args([
+            "dedup",
+            &sample(),
+            "-o",
+            p(&dir.path().join("o.parquet")),
+            "--stats",
+            p(&stats_path),
+        ])
         .output()
         .expect("run");
     assert!(output.status.success());
-    let stats: Value = serde_json::from_slice(&std::fs::read(&stats_path).expect("stats")).expect("json");
-    for key in ["rows_in", "rows_out", "duplicates", "superseded", "deleted", "conflicts", "null_keys", "input_files"] {
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(&stats_path).expect("stats")).expect("json");
+    for key in [
+        "rows_in",
+        "rows_out",
+        "duplicates",
+        "superseded",
+        "deleted",
+        "conflicts",
+        "null_keys",
+        "input_files",
+    ] {
         assert!(stats[key].is_u64(), "{key} in {stats}");
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(stderr.lines().count(), 1, "one summary line, no progress bar off a terminal: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one summary line, no progress bar off a terminal: {stderr}"
+    );
     assert!(stderr.contains("rows in"), "{stderr}");
 }
 
@@ -393,7 +550,14 @@ fn stats_file_and_summary_line() {
 fn bad_inputs_fail_cleanly() {
     let dir = TempDir::new().expect("tmp");
     let good = dir.path().join("good.parquet");
-    write_parquet(&good, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", ints(&[1]))]));
+    write_parquet(
+        &good,
+        &batch(vec![
+            ("event_id", strs(&["a"])),
+            ("sequence", ints(&[1])),
+            ("lsn", ints(&[1])),
+        ]),
+    );
     let out = dir.path().join("out.parquet");
     let out_dir = dir.path().join("outdir");
 
@@ -403,26 +567,59 @@ fn bad_inputs_fail_cleanly() {
     let garbage = dir.path().join("garbage.parquet");
     std::fs::write(&garbage, b"this is not parquet at all").expect("write");
     let no_version = dir.path().join("no_version.parquet");
-    write_parquet(&no_version, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1]))]));
+    write_parquet(
+        &no_version,
+        &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1]))]),
+    );
     let float_version = dir.path().join("float.parquet");
     write_parquet(
         &float_version,
-        &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", Arc::new(Float64Array::from(vec![1.0])) as ArrayRef)]),
+        &batch(vec![
+            ("event_id", strs(&["a"])),
+            ("sequence", ints(&[1])),
+            ("lsn", Arc::new(Float64Array::from(vec![1.0])) as ArrayRef),
+        ]),
     );
     let drifted = dir.path().join("drifted.parquet");
-    write_parquet(&drifted, &batch(vec![("event_id", ints(&[7])), ("sequence", ints(&[1])), ("lsn", ints(&[1]))]));
+    write_parquet(
+        &drifted,
+        &batch(vec![
+            ("event_id", ints(&[7])),
+            ("sequence", ints(&[1])),
+            ("lsn", ints(&[1])),
+        ]),
+    );
     let bad_lsn = dir.path().join("bad_lsn.parquet");
-    write_parquet(&bad_lsn, &batch(vec![("event_id", strs(&["a"])), ("sequence", ints(&[1])), ("lsn", strs(&["zz/1"]))]));
+    write_parquet(
+        &bad_lsn,
+        &batch(vec![
+            ("event_id", strs(&["a"])),
+            ("sequence", ints(&[1])),
+            ("lsn", strs(&["zz/1"])),
+        ]),
+    );
     let empty_dir = dir.path().join("empty");
     std::fs::create_dir(&empty_dir).expect("mkdir");
 
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec![p(&good), p(&truncated)], vec!["truncated.parquet"]),
         (vec![p(&garbage)], vec!["garbage.parquet"]),
-        (vec![p(&good), p(&no_version)], vec!["no_version.parquet", "'lsn'"]),
-        (vec![p(&good), "--key", "event_id,missing"], vec!["good.parquet", "'missing'"]),
-        (vec![p(&float_version)], vec!["float.parquet", "'lsn'", "Float64"]),
-        (vec![p(&good), p(&drifted)], vec!["drifted.parquet", "'event_id'"]),
+        (
+            vec![p(&good), p(&no_version)],
+            vec!["no_version.parquet", "'lsn'"],
+        ),
+        (
+            vec![p(&good), "--key", "event_id,missing"],
+            vec!["good.parquet", "'missing'"],
+        ),
+        (
+            vec![p(&float_version)],
+            vec!["float.parquet", "'lsn'", "Float64"],
+        ),
+        (
+            vec![p(&good), p(&drifted)],
+            vec!["drifted.parquet", "'event_id'"],
+        ),
         (vec![p(&bad_lsn)], vec!["bad_lsn.parquet", "zz/1"]),
         (vec![p(&empty_dir)], vec!["empty"]),
         (vec!["/no/such/file.parquet"], vec!["/no/such/file.parquet"]),
@@ -436,7 +633,10 @@ fn bad_inputs_fail_cleanly() {
             assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
             assert_eq!(stderr.trim().lines().count(), 1, "one-line error: {stderr}");
             for needle in &expected {
-                assert!(stderr.contains(needle), "{args:?}: '{needle}' not in {stderr}");
+                assert!(
+                    stderr.contains(needle),
+                    "{args:?}: '{needle}' not in {stderr}"
+                );
             }
             assert!(!target.exists(), "{args:?} left {}", target.display());
         }
@@ -469,13 +669,32 @@ fn a_failed_run_leaves_the_previous_output_untouched() {
 fn generator_output_round_trips() {
     let dir = TempDir::new().expect("tmp");
     let status = idem()
-        .args(["generate", "-o", p(&dir.path().join("gen")), "--rows", "20000", "--files", "2", "--seed", "3"])
+        .args([
+            "generate",
+            "-o",
+            p(&dir.path().join("gen")),
+            "--rows",
+            "20000",
+            "--files",
+            "2",
+            "--seed",
+            "3",
+        ])
         .status()
         .expect("run");
     assert!(status.success());
-    let stats = dedup_ok(&[p(&dir.path().join("gen")), "-o", p(&dir.path().join("o")), "--op", "op"]);
+    let stats = dedup_ok(&[
+        p(&dir.path().join("gen")),
+        "-o",
+        p(&dir.path().join("o")),
+        "--op",
+        "op",
+    ]);
     assert_eq!(stats["rows_in"], 20000);
     let output = read_output(&dir.path().join("o"));
-    let lsn = output.column_by_name("lsn").expect("lsn").as_primitive::<Int64Type>();
+    let lsn = output
+        .column_by_name("lsn")
+        .expect("lsn")
+        .as_primitive::<Int64Type>();
     assert_eq!(lsn.null_count(), 0);
 }

@@ -187,15 +187,13 @@ fn canonical_array(column: &ArrayRef) -> Result<ArrayRef, ArrowError> {
     let target = match column.data_type() {
         DataType::Dictionary(_, values) => values.as_ref().clone(),
         DataType::Boolean => DataType::UInt8,
-        DataType::Timestamp(unit, Some(_)) => DataType::Timestamp(*unit, None),
+        // Timestamps are read as raw instants whatever their zone, so they need no cast (a
+        // cast to no zone would shift them to local wall-clock time).
         _ => return Ok(Arc::clone(column)),
     };
     let array = cast_with_options(column, &target, &CastOptions::default())?;
     // A dictionary of booleans still needs its second step.
-    if matches!(
-        array.data_type(),
-        DataType::Boolean | DataType::Timestamp(_, Some(_))
-    ) {
+    if array.data_type() == &DataType::Boolean {
         canonical_array(&array)
     } else {
         Ok(array)
@@ -452,5 +450,81 @@ impl KeyRows {
     #[inline]
     pub fn row(&self, row: usize) -> &[u8] {
         &self.data[self.offsets[row]..self.offsets[row + 1]]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{
+        BooleanArray, DictionaryArray, LargeStringArray, StringArray, StringViewArray,
+        TimestampMillisecondArray,
+    };
+    use arrow::datatypes::Int8Type;
+
+    use super::*;
+
+    /// Hashes and encodings of one-column keys, row by row.
+    fn fingerprint(column: ArrayRef) -> Vec<(u64, Vec<u8>)> {
+        let field = Field::new("k", column.data_type().clone(), true);
+        let layout = KeyLayout::try_new(&[field]).expect("layout");
+        let keys = layout.canonicalise(&[column]).expect("canonical");
+        let mut hashes = Vec::new();
+        keys.hash_rows(&mut hashes);
+        let mut rows = KeyRows::default();
+        keys.encode_rows(&mut rows);
+        hashes
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| (h, rows.row(i).to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn string_layouts_and_dictionaries_are_one_key() {
+        let values = vec![Some("a"), None, Some("bb"), Some("")];
+        let plain = fingerprint(Arc::new(StringArray::from(values.clone())));
+        let large = fingerprint(Arc::new(LargeStringArray::from(values.clone())));
+        let view = fingerprint(Arc::new(StringViewArray::from(values.clone())));
+        let dict: DictionaryArray<Int8Type> = values.into_iter().collect();
+        let dict = fingerprint(Arc::new(dict));
+        assert_eq!(plain, large);
+        assert_eq!(plain, view);
+        assert_eq!(plain, dict);
+        // Null and the empty string are different keys.
+        assert_ne!(plain[1], plain[3]);
+    }
+
+    #[test]
+    fn timestamps_compare_as_instants_whatever_the_zone() {
+        let utc = TimestampMillisecondArray::from(vec![1_000, 2_000]).with_timezone("UTC");
+        let paris = TimestampMillisecondArray::from(vec![1_000, 2_000]).with_timezone("+01:00");
+        assert_eq!(fingerprint(Arc::new(utc)), fingerprint(Arc::new(paris)));
+    }
+
+    #[test]
+    fn booleans_and_sliced_arrays() {
+        let bools = fingerprint(Arc::new(BooleanArray::from(vec![
+            Some(true),
+            None,
+            Some(false),
+        ])));
+        assert_ne!(bools[0], bools[2]);
+        let strings: ArrayRef = Arc::new(StringArray::from(vec!["x", "y", "z"]));
+        let sliced = fingerprint(strings.slice(1, 2));
+        assert_eq!(
+            sliced,
+            fingerprint(Arc::new(StringArray::from(vec!["y", "z"])))
+        );
+        let ints: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, 2, 3]));
+        assert_eq!(
+            fingerprint(ints.slice(2, 1)),
+            fingerprint(Arc::new(arrow::array::Int64Array::from(vec![3])))
+        );
+    }
+
+    #[test]
+    fn unsupported_key_types_name_the_column() {
+        let err = KeyClass::of("score", &DataType::Float64).expect_err("float key");
+        assert!(err.to_string().contains("'score'") && err.to_string().contains("Float64"));
     }
 }

@@ -402,7 +402,8 @@ fn tie_error_names_the_key() {
     )
     .expect("batch");
     let spec = DedupSpec::new(["id"], ["lsn"]).with_on_tie(TiePolicy::Error);
-    let err = idem_core::dedup_batches(&schema, &[batch.clone()], &spec).expect_err("conflict");
+    let err = idem_core::dedup_batches(&schema, std::slice::from_ref(&batch), &spec)
+        .expect_err("conflict");
     assert!(err.to_string().contains("id=b"), "{err}");
     let (out, stats) =
         idem_core::dedup_batches(&schema, &[batch], &spec.with_on_tie(TiePolicy::First))

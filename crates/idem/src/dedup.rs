@@ -13,10 +13,10 @@
 //! The table holds keys, versions and positions, never whole rows, so memory grows with
 //! the number of distinct keys rather than the width or length of the input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use arrow::array::{BooleanArray, UInt32Array};
+use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{filter_record_batch, take_record_batch};
 use arrow::datatypes::SchemaRef;
 use idem_core::{DedupSpec, DedupStats, KeepMaxTable, TieCheck};
@@ -117,6 +117,10 @@ pub struct DedupReport {
     pub inputs: Vec<FileRows>,
     /// Bytes held by the keep-max table at its largest.
     pub table_bytes: u64,
+    /// Wall time of the first pass (reading keys and versions, deciding winners).
+    pub decide_seconds: f64,
+    /// Wall time of the second pass (fetching winners, writing, committing).
+    pub write_seconds: f64,
     /// Wall time of the whole job.
     pub elapsed_seconds: f64,
 }
@@ -148,6 +152,8 @@ impl DedupReport {
                 })
                 .collect(),
             table_bytes: 0,
+            decide_seconds: 0.0,
+            write_seconds: 0.0,
             elapsed_seconds: 0.0,
         }
     }
@@ -231,17 +237,38 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         .map(|f| f.name().as_str())
         .collect();
     progress.phase("deciding", total_rows);
-    for file in &files {
-        for batch in file.read_columns(&names)? {
-            let batch = conform(&batch?, &decision_schema, true, file.path())?;
-            table.update(&batch).map_err(Error::arrow(file.path()))?;
+    let decide_started = Instant::now();
+    // Decoding runs on a second thread while this one hashes and probes.
+    pipeline(
+        |send| {
+            for file in &files {
+                let batches = match file.read_columns(&names) {
+                    Ok(batches) => batches,
+                    Err(e) => {
+                        send(Err(e));
+                        return;
+                    }
+                };
+                for batch in batches {
+                    let item = batch.and_then(|b| conform(&b, &decision_schema, true, file.path()));
+                    if !send(item.map(|b| (file.path(), b))) {
+                        return;
+                    }
+                }
+            }
+        },
+        |(path, batch)| {
+            table.update(&batch).map_err(Error::arrow(path))?;
             progress.advance(batch.num_rows() as u64);
-        }
-    }
+            Ok(())
+        },
+    )?;
     let table_bytes = table.size() as u64;
     let resolution = table.finish();
+    let decide_seconds = decide_started.elapsed().as_secs_f64();
 
     // Pass 2: fetch the kept rows (and tied rows, to compare them) and write.
+    let write_started = Instant::now();
     let mut check = TieCheck::try_new(&schema, &job.spec, resolution.tie_groups)
         .map_err(Error::arrow(&first_path))?;
     let mut writer = OutputWriter::try_new(
@@ -250,41 +277,32 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         job.max_rows_per_file,
     )?;
     progress.phase("writing", resolution.keep.len() as u64);
-    let mut start = 0u64;
-    for file in &files {
-        let end = start + file.num_rows();
-        let plan = FilePlan::new(&resolution, start, end);
-        start = end;
-        if plan.rows.is_empty() {
-            continue;
-        }
-        let mut cursor = 0;
-        for batch in file.read_rows(&plan.rows)? {
-            let batch = conform(&batch?, &schema, false, file.path())?;
-            let n = batch.num_rows();
-            let (keep, ties) = plan.slice(cursor, n);
-            cursor += n;
-            if keep.true_count() > 0 {
-                let kept = filter_record_batch(&batch, &keep).map_err(Error::arrow(file.path()))?;
-                writer.write(&kept)?;
-                progress.advance(kept.num_rows() as u64);
+    // Decoding and selecting run on a second thread while this one encodes and compresses.
+    pipeline(
+        |send| {
+            let mut start = 0u64;
+            for file in &files {
+                let end = start + file.num_rows();
+                let plan = FilePlan::new(&resolution, start, end);
+                start = end;
+                if !plan.rows.is_empty() && !fetch_planned(file, &plan, &schema, send) {
+                    return;
+                }
             }
-            if !ties.0.is_empty() {
-                let tied = take_record_batch(&batch, &UInt32Array::from(ties.0))
-                    .map_err(Error::arrow(file.path()))?;
-                check
-                    .observe(&tied, &ties.1)
-                    .map_err(Error::arrow(file.path()))?;
+        },
+        |fetched| {
+            match fetched {
+                Fetched::Kept(kept) => {
+                    writer.write(&kept)?;
+                    progress.advance(kept.num_rows() as u64);
+                }
+                Fetched::Tied(path, tied, groups) => {
+                    check.observe(&tied, &groups).map_err(Error::arrow(path))?;
+                }
             }
-        }
-        if cursor != plan.rows.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: expected {} selected rows, read {cursor}; was the file changed during the run?",
-                file.path().display(),
-                plan.rows.len()
-            )));
-        }
-    }
+            Ok(())
+        },
+    )?;
     let output_files = writer.commit()?;
 
     let mut stats = resolution.stats;
@@ -295,8 +313,90 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         .map(|p| p.display().to_string())
         .collect();
     report.table_bytes = table_bytes;
+    report.decide_seconds = decide_seconds;
+    report.write_seconds = write_started.elapsed().as_secs_f64();
     report.elapsed_seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Runs `produce` on a second thread and `consume` on this one, joined by a short queue
+/// (so that at most a few batches are in flight). `produce` gets a `send` that returns
+/// false once the consumer has stopped, which it must heed by returning; an error it sends
+/// ends the pipeline with that error.
+fn pipeline<T: Send>(
+    produce: impl FnOnce(&dyn Fn(Result<T>) -> bool) + Send,
+    mut consume: impl FnMut(T) -> Result<()>,
+) -> Result<()> {
+    std::thread::scope(|scope| {
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<T>>(4);
+        scope.spawn(move || produce(&|item| sender.send(item).is_ok()));
+        // Returning early drops the receiver, which stops the producer at its next send.
+        for item in receiver {
+            consume(item?)?;
+        }
+        Ok(())
+    })
+}
+
+/// What pass 2's reader hands to its writer.
+enum Fetched<'a> {
+    /// Rows to write.
+    Kept(RecordBatch),
+    /// Tie rows of a file, with their groups, to compare.
+    Tied(&'a Path, RecordBatch, Vec<u32>),
+}
+
+/// Reads the planned rows of one file and sends them on as kept and tied batches. Returns
+/// false when the consumer has stopped.
+fn fetch_planned<'a>(
+    file: &'a InputFile,
+    plan: &FilePlan,
+    schema: &SchemaRef,
+    send: &dyn Fn(Result<Fetched<'a>>) -> bool,
+) -> bool {
+    let batches = match file.read_rows(&plan.rows) {
+        Ok(batches) => batches,
+        Err(e) => {
+            send(Err(e));
+            return false;
+        }
+    };
+    let mut cursor = 0;
+    for batch in batches {
+        let batch = match batch.and_then(|b| conform(&b, schema, false, file.path())) {
+            Ok(batch) => batch,
+            Err(e) => {
+                send(Err(e));
+                return false;
+            }
+        };
+        let n = batch.num_rows();
+        let (keep, (tie_rows, groups)) = plan.slice(cursor, n);
+        cursor += n;
+        if keep.true_count() > 0 {
+            let kept = filter_record_batch(&batch, &keep).map_err(Error::arrow(file.path()));
+            if !send(kept.map(Fetched::Kept)) {
+                return false;
+            }
+        }
+        if !tie_rows.is_empty() {
+            let tied = take_record_batch(&batch, &UInt32Array::from(tie_rows))
+                .map_err(Error::arrow(file.path()))
+                .map(|tied| Fetched::Tied(file.path(), tied, groups));
+            if !send(tied) {
+                return false;
+            }
+        }
+    }
+    if cursor != plan.rows.len() {
+        send(Err(Error::InvalidArgument(format!(
+            "{}: expected {} selected rows, read {cursor}; was the file changed during the run?",
+            file.path().display(),
+            plan.rows.len()
+        ))));
+        return false;
+    }
+    true
 }
 
 /// The rows pass 2 reads from one file: kept rows and tie rows, merged in row order.

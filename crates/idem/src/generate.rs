@@ -350,7 +350,7 @@ pub fn generate(options: &GenerateOptions, dir: &Path) -> Result<Generated> {
             }
             batcher.push(&event);
             delivered += 1;
-            let file_full = delivered % per_file == 0 || delivered == options.rows;
+            let file_full = delivered.is_multiple_of(per_file) || delivered == options.rows;
             if batcher.len == batch_rows || file_full {
                 let batch = batcher.finish()?;
                 if let Some((path, w)) = writer.as_mut() {

@@ -103,14 +103,12 @@ pub fn unify<'a>(files: impl IntoIterator<Item = (&'a Path, &'a SchemaRef)>) -> 
         }
     }
     for (path, schema) in &files {
-        for field in fields.iter_mut() {
-            if schema.field_with_name(field.name()).is_err() {
-                if !field.is_nullable() {
-                    return Err(Error::MissingRequiredColumn {
-                        path: path.to_path_buf(),
-                        column: field.name().clone(),
-                    });
-                }
+        for field in &fields {
+            if schema.field_with_name(field.name()).is_err() && !field.is_nullable() {
+                return Err(Error::MissingRequiredColumn {
+                    path: path.to_path_buf(),
+                    column: field.name().clone(),
+                });
             }
         }
     }
