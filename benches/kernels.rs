@@ -8,30 +8,20 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, DictionaryArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int32Type;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_core::rng::SplitMix64;
 use idem_core::{DedupSpec, KeepMaxTable};
 
 const ROWS: usize = 1 << 20;
 const BATCH: usize = 8192;
 
-/// SplitMix64, so that benchmark inputs are the same on every run.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// `ROWS` rows in batches, keys drawn from `distinct` values, with the given key shape.
 fn batches(shape: &str, distinct: u64) -> Vec<RecordBatch> {
-    let mut state = 7;
+    let mut rng = SplitMix64::new(7);
     (0..ROWS / BATCH)
         .map(|_| {
-            let ids: Vec<u64> = (0..BATCH)
-                .map(|_| splitmix(&mut state) % distinct)
-                .collect();
+            let ids: Vec<u64> = (0..BATCH).map(|_| rng.below(distinct)).collect();
             let lsn: ArrayRef = Arc::new(Int64Array::from_iter_values(
-                (0..BATCH).map(|_| (splitmix(&mut state) % 1000) as i64),
+                (0..BATCH).map(|_| rng.below(1000) as i64),
             ));
             let text = || -> Vec<String> {
                 ids.iter()

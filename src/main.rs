@@ -165,12 +165,12 @@ fn thousands(n: u64) -> String {
 fn summary(report: &DedupReport) -> String {
     format!(
         "idem: {} rows in → {} out ({} duplicates, {} superseded, {} deleted, {} conflicts) from {} files in {:.2} s → {}",
-        thousands(report.rows_in),
-        thousands(report.rows_out),
-        thousands(report.duplicates),
-        thousands(report.superseded),
-        thousands(report.deleted),
-        thousands(report.conflicts),
+        thousands(report.stats.rows_in),
+        thousands(report.stats.rows_out),
+        thousands(report.stats.duplicates),
+        thousands(report.stats.superseded),
+        thousands(report.stats.deleted),
+        thousands(report.stats.conflicts),
         report.input_files,
         report.elapsed_seconds,
         report.output

@@ -34,6 +34,7 @@ pub mod interner;
 pub mod key;
 mod memory;
 mod options;
+pub mod rng;
 mod stats;
 mod table;
 mod ties;

@@ -4,6 +4,7 @@
 ///
 /// Invariant: `rows_in == rows_out + duplicates + superseded + deleted`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DedupStats {
     /// Rows read.
     pub rows_in: u64,

@@ -14,26 +14,8 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
+use idem_core::rng::SplitMix64;
 use idem_core::{DedupSpec, DeletePolicy, KeepMaxTable, TieCheck, TiePolicy, parse_pg_lsn};
-
-/// SplitMix64: tiny, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum KeyType {
@@ -59,7 +41,7 @@ enum Cells {
     Decimal(Vec<Option<i128>>),
 }
 
-fn key_cells(rng: &mut Rng, ty: KeyType, n: usize, domain: u64, null_pct: u64) -> Cells {
+fn key_cells(rng: &mut SplitMix64, ty: KeyType, n: usize, domain: u64, null_pct: u64) -> Cells {
     let mut pick = || (!rng.chance(null_pct)).then(|| rng.below(domain));
     match ty {
         KeyType::Int => Cells::Int((0..n).map(|_| pick().map(|v| v as i64 - 3)).collect()),
@@ -72,7 +54,7 @@ fn key_cells(rng: &mut Rng, ty: KeyType, n: usize, domain: u64, null_pct: u64) -
     }
 }
 
-fn version_cells(rng: &mut Rng, ty: VersionType, n: usize, domain: u64) -> Cells {
+fn version_cells(rng: &mut SplitMix64, ty: VersionType, n: usize, domain: u64) -> Cells {
     let mut pick = || (!rng.chance(5)).then(|| rng.below(domain));
     match ty {
         VersionType::Signed => Cells::Int((0..n).map(|_| pick().map(|v| v as i64 - 2)).collect()),
@@ -95,7 +77,7 @@ fn version_cells(rng: &mut Rng, ty: VersionType, n: usize, domain: u64) -> Cells
 }
 
 /// Builds a physical array for one batch; text may come as plain, dictionary or view.
-fn array(cells: &Cells, rng: &mut Rng, text_layout: bool) -> ArrayRef {
+fn array(cells: &Cells, rng: &mut SplitMix64, text_layout: bool) -> ArrayRef {
     match cells {
         Cells::Int(v) => Arc::new(Int64Array::from(v.clone())),
         Cells::Unsigned(v) => Arc::new(UInt64Array::from(v.clone())),
@@ -155,7 +137,7 @@ struct Case {
     spec: DedupSpec,
 }
 
-fn draw_case(rng: &mut Rng) -> Case {
+fn draw_case(rng: &mut SplitMix64) -> Case {
     let key_types = [KeyType::Int, KeyType::Text, KeyType::Uuid];
     let version_types = [
         VersionType::Signed,
@@ -371,7 +353,7 @@ fn kernel(case: &Case, generic_keys: bool) -> Outcome {
 #[test]
 fn kernel_matches_reference_on_random_batches() {
     for seed in 0..600 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let case = draw_case(&mut rng);
         let expected = reference(&case);
         for generic in [false, true] {

@@ -81,26 +81,11 @@ pub struct FileRows {
 /// The statistics of a dedup run; `--stats` writes it as JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct DedupReport {
-    /// Rows read.
-    pub rows_in: u64,
-    /// Rows written.
-    pub rows_out: u64,
-    /// Rows dropped for a tie with the kept row (same key, same version).
-    pub duplicates: u64,
-    /// Rows dropped because their key has a higher version.
-    pub superseded: u64,
-    /// Keys dropped because their winning row is a tombstone.
-    pub deleted: u64,
-    /// Keys whose tied rows differ in some non-key column.
-    pub conflicts: u64,
-    /// Rows with a null in some key column.
-    pub null_keys: u64,
+    /// The counts: rows in and out, duplicates, superseded, deleted, conflicts, …
+    #[serde(flatten)]
+    pub stats: DedupStats,
     /// Number of input files.
     pub input_files: usize,
-    /// Distinct keys.
-    pub distinct_keys: u64,
-    /// Winning tombstones written because tombstones are kept.
-    pub tombstones_kept: u64,
     /// `(duplicates + superseded) / rows_in`.
     pub duplicate_rate: f64,
     /// Key columns.
@@ -128,16 +113,8 @@ pub struct DedupReport {
 impl DedupReport {
     fn new(job: &DedupJob, files: &[InputFile], stats: DedupStats) -> Self {
         Self {
-            rows_in: stats.rows_in,
-            rows_out: stats.rows_out,
-            duplicates: stats.duplicates,
-            superseded: stats.superseded,
-            deleted: stats.deleted,
-            conflicts: stats.conflicts,
-            null_keys: stats.null_keys,
+            stats,
             input_files: files.len(),
-            distinct_keys: stats.distinct_keys,
-            tombstones_kept: stats.tombstones_kept,
             duplicate_rate: stats.duplicate_rate(),
             key: job.spec.keys.clone(),
             version: job.spec.versions.clone(),

@@ -20,6 +20,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
+use idem_core::rng::SplitMix64;
+
 use crate::error::{Error, Result};
 
 /// What to generate.
@@ -55,26 +57,6 @@ impl Default for GenerateOptions {
             reorder_rate: 0.05,
             payload_bytes: 100,
         }
-    }
-}
-
-/// SplitMix64: small, fast and stable across versions of everything.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next_u64() % n }
     }
 }
 
@@ -125,7 +107,7 @@ const WORDS: [&str; 16] = [
 const EPOCH_MICROS: i64 = 1_767_225_600_000_000;
 
 fn uuid(seed: u64, entity: u64, out: &mut String) {
-    let mut rng = Rng(seed ^ entity.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut rng = SplitMix64::new(seed ^ entity.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let hi = rng.next_u64();
     let lo = rng.next_u64();
     // Version 4, variant 1, as random UUIDs are.
@@ -145,7 +127,7 @@ fn uuid(seed: u64, entity: u64, out: &mut String) {
 
 fn payload(seed: u64, bytes: usize, out: &mut String) {
     use std::fmt::Write;
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let _ = write!(
         out,
         "{{\"session\":\"{:016x}\",\"page\":\"/p/{}\",\"note\":\"",
@@ -258,7 +240,7 @@ impl Batcher {
 pub fn generate(options: &GenerateOptions, dir: &Path) -> Result<Generated> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     let schema = event_schema();
-    let mut rng = Rng(options.seed);
+    let mut rng = SplitMix64::new(options.seed);
     let files = options.files.max(1);
     let per_file = options.rows.div_ceil(files as u64).max(1);
     let batch_rows = 65_536usize;

@@ -140,7 +140,6 @@ impl InputFile {
         let mut magic = [0u8; 6];
         let read = file.read(&mut magic).map_err(Error::io(path))?;
         let magic = &magic[..read];
-        let file = File::open(path).map_err(Error::io(path))?;
         if magic.starts_with(b"PAR1") {
             let options =
                 ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
@@ -153,26 +152,15 @@ impl InputFile {
                 format: Format::Parquet(metadata),
                 num_rows,
             })
-        } else if magic == b"ARROW1" {
-            let reader = FileReader::try_new(file, None).map_err(Error::arrow(path))?;
-            let schema = reader.schema();
-            // Block metadata does not carry row counts: count by reading, once.
-            let counted = count_rows(reader.map(|b| b.map_err(Error::arrow(path))))?;
+        } else if magic == b"ARROW1" || magic.starts_with(&[0xff; 4]) {
+            // IPC block metadata carries no row counts: count by reading, once.
+            let stream = magic != b"ARROW1";
+            let (schema, batches) = ipc_batches(path, stream, None)?;
             Ok(Self {
                 path: path.to_path_buf(),
-                format: Format::Ipc { stream: false },
+                format: Format::Ipc { stream },
                 schema,
-                num_rows: counted,
-            })
-        } else if magic.starts_with(&[0xff, 0xff, 0xff, 0xff]) {
-            let reader = StreamReader::try_new(file, None).map_err(Error::arrow(path))?;
-            let schema = reader.schema();
-            let counted = count_rows(reader.map(|b| b.map_err(Error::arrow(path))))?;
-            Ok(Self {
-                path: path.to_path_buf(),
-                format: Format::Ipc { stream: true },
-                schema,
-                num_rows: counted,
+                num_rows: count_rows(batches)?,
             })
         } else {
             Err(Error::InvalidArgument(format!(
@@ -213,9 +201,9 @@ impl InputFile {
 
     fn read(&self, projection: Option<Vec<usize>>, rows: Option<&[u64]>) -> Result<Batches> {
         let path = self.path.clone();
-        let file = File::open(&self.path).map_err(Error::io(&self.path))?;
         match &self.format {
             Format::Parquet(metadata) => {
+                let file = File::open(&self.path).map_err(Error::io(&self.path))?;
                 let mut builder =
                     ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone())
                         .with_batch_size(BATCH_SIZE);
@@ -232,23 +220,37 @@ impl InputFile {
                 ))
             }
             Format::Ipc { stream } => {
-                let batches: Batches = if *stream {
-                    let reader =
-                        StreamReader::try_new(file, projection).map_err(Error::arrow(&path))?;
-                    let path = path.clone();
-                    Box::new(reader.map(move |b| b.map_err(Error::arrow(&path))))
-                } else {
-                    let reader =
-                        FileReader::try_new(file, projection).map_err(Error::arrow(&path))?;
-                    let path = path.clone();
-                    Box::new(reader.map(move |b| b.map_err(Error::arrow(&path))))
-                };
+                let (_, batches) = ipc_batches(&self.path, *stream, projection)?;
                 match rows {
                     None => Ok(batches),
                     Some(rows) => Ok(Box::new(select_rows(batches, rows.to_vec(), path))),
                 }
             }
         }
+    }
+}
+
+/// Opens an Arrow IPC file (random-access layout) or stream.
+fn ipc_batches(
+    path: &Path,
+    stream: bool,
+    projection: Option<Vec<usize>>,
+) -> Result<(SchemaRef, Batches)> {
+    let file = File::open(path).map_err(Error::io(path))?;
+    let owned = path.to_path_buf();
+    let to_error = move |e| Error::arrow(&owned)(e);
+    if stream {
+        let reader = StreamReader::try_new(file, projection).map_err(Error::arrow(path))?;
+        Ok((
+            reader.schema(),
+            Box::new(reader.map(move |b| b.map_err(&to_error))),
+        ))
+    } else {
+        let reader = FileReader::try_new(file, projection).map_err(Error::arrow(path))?;
+        Ok((
+            reader.schema(),
+            Box::new(reader.map(move |b| b.map_err(&to_error))),
+        ))
     }
 }
 
