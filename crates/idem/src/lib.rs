@@ -12,7 +12,7 @@
 //! use idem::{DedupJob, NoProgress, run_dedup};
 //! let job = DedupJob::new(vec!["data/events".into()], "/tmp/events-dedup.parquet");
 //! let report = run_dedup(&job, &NoProgress)?;
-//! println!("{} rows in, {} out", report.rows_in, report.rows_out);
+//! println!("{} rows in, {} out", report.stats.rows_in, report.stats.rows_out);
 //! # Ok::<(), idem::Error>(())
 //! ```
 
