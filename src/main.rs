@@ -28,8 +28,25 @@ enum Command {
     /// Deduplicate Parquet / Arrow IPC files into Parquet.
     #[command(disable_version_flag = true)]
     Dedup(DedupArgs),
+    /// Run one SQL statement with idem's functions (the `dedup` table function), printing
+    /// the result or writing it as Parquet.
+    Sql(SqlArgs),
     /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
     Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+struct SqlArgs {
+    /// The statement, e.g. "SELECT * FROM dedup('data/events', 'event_id,sequence', 'lsn')".
+    /// Files can also be named as tables: SELECT * FROM 'data/events/*.parquet'.
+    query: String,
+    /// Write the result here (a .parquet file, or else a directory of parts) instead of
+    /// printing it.
+    #[arg(short, long, value_name = "PATH")]
+    output: Option<PathBuf>,
+    /// Rows per part file when the output is a directory.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROWS_PER_FILE)]
+    max_rows_per_file: usize,
 }
 
 #[derive(Debug, Args)]
@@ -219,6 +236,27 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
     Ok(())
 }
 
+fn sql(args: SqlArgs) -> Result<(), String> {
+    let output = idem::run_sql(&args.query, args.output.as_deref(), args.max_rows_per_file)
+        .map_err(|e| error_chain(&e))?;
+    match output {
+        idem::SqlOutput::Rows(batches) => {
+            print_stdout(&idem::format_table(&batches).map_err(|e| error_chain(&e))?)
+        }
+        idem::SqlOutput::Written { files, rows } => {
+            eprintln!(
+                "idem: wrote {} rows to {} file(s) under {}",
+                thousands(rows),
+                files.len(),
+                args.output
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
+    }
+}
+
 fn generate(args: GenerateArgs) -> Result<(), String> {
     let options = GenerateOptions {
         rows: args.rows,
@@ -259,6 +297,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dedup(args) => dedup(args),
+        Command::Sql(args) => sql(args),
         Command::Generate(args) => generate(args),
     };
     match result {

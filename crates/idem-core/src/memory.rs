@@ -1,7 +1,7 @@
 //! Dedup of batches already in memory: the whole pipeline in one call.
 
-use arrow::array::{RecordBatch, UInt64Array};
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::array::RecordBatch;
+use arrow::compute::interleave_record_batch;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 
@@ -10,11 +10,15 @@ use crate::stats::DedupStats;
 use crate::table::KeepMaxTable;
 use crate::ties::TieCheck;
 
+/// Rows per output batch of [`dedup_batches`].
+const OUTPUT_BATCH_ROWS: usize = 8192;
+
 /// Deduplicates `batches` (all of `schema`): one row per key, the one with the maximum
-/// version, in input order, with tombstones and ties handled as `spec` says.
+/// version, in input order, with tombstones and ties handled as `spec` says. The output
+/// comes in batches of at most 8192 rows, gathered from the input without concatenating it.
 ///
-/// This holds every row in memory; for files, `idem` reads only keys and versions first and
-/// fetches the winning rows afterwards.
+/// This holds every input row in memory; for files, `idem` reads only keys and versions
+/// first and fetches the winning rows afterwards.
 ///
 /// # Example
 /// ```
@@ -31,7 +35,7 @@ use crate::ties::TieCheck;
 ///     Arc::new(Int64Array::from(vec![1, 1, 2])),
 /// ])?;
 /// let (out, stats) = dedup_batches(&schema, &[batch], &DedupSpec::new(["id"], ["lsn"]))?;
-/// assert_eq!(out.num_rows(), 2);
+/// assert_eq!(out.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
 /// assert_eq!(stats.superseded, 1);
 /// # Ok::<(), arrow::error::ArrowError>(())
 /// ```
@@ -42,22 +46,55 @@ pub fn dedup_batches(
     schema: &SchemaRef,
     batches: &[RecordBatch],
     spec: &DedupSpec,
-) -> Result<(RecordBatch, DedupStats), ArrowError> {
+) -> Result<(Vec<RecordBatch>, DedupStats), ArrowError> {
     let mut table = KeepMaxTable::try_new(schema, spec)?;
     for batch in batches {
         table.update(batch)?;
     }
     let resolution = table.finish();
-    let all = concat_batches(schema, batches)?;
+    let locate = Locator::new(batches);
+    let sources: Vec<&RecordBatch> = batches.iter().collect();
+
     let mut check = TieCheck::try_new(schema, spec, resolution.tie_groups)?;
-    if !resolution.tie_rows.is_empty() {
-        let positions =
-            UInt64Array::from_iter_values(resolution.tie_rows.iter().map(|t| t.position));
-        let groups: Vec<u32> = resolution.tie_rows.iter().map(|t| t.group).collect();
-        check.observe(&take_record_batch(&all, &positions)?, &groups)?;
+    for chunk in resolution.tie_rows.chunks(OUTPUT_BATCH_ROWS) {
+        let indices: Vec<(usize, usize)> = chunk.iter().map(|t| locate.at(t.position)).collect();
+        let groups: Vec<u32> = chunk.iter().map(|t| t.group).collect();
+        check.observe(&interleave_record_batch(&sources, &indices)?, &groups)?;
     }
-    let output = take_record_batch(&all, &UInt64Array::from(resolution.keep))?;
+    let mut output = Vec::with_capacity(resolution.keep.len().div_ceil(OUTPUT_BATCH_ROWS));
+    for chunk in resolution.keep.chunks(OUTPUT_BATCH_ROWS) {
+        let indices: Vec<(usize, usize)> = chunk.iter().map(|&p| locate.at(p)).collect();
+        output.push(interleave_record_batch(&sources, &indices)?);
+    }
     let mut stats = resolution.stats;
     stats.conflicts = check.conflicts();
     Ok((output, stats))
+}
+
+/// Maps a position (a row's ordinal across all batches) to `(batch, row)`.
+struct Locator {
+    /// Position of each batch's first row.
+    starts: Vec<u64>,
+}
+
+impl Locator {
+    fn new(batches: &[RecordBatch]) -> Self {
+        let mut next = 0u64;
+        let starts = batches
+            .iter()
+            .map(|b| {
+                let start = next;
+                next += b.num_rows() as u64;
+                start
+            })
+            .collect();
+        Self { starts }
+    }
+
+    fn at(&self, position: u64) -> (usize, usize) {
+        // The last batch starting at or before the position; empty batches share a start
+        // with their successor, so take the last of equals.
+        let batch = self.starts.partition_point(|&s| s <= position) - 1;
+        (batch, (position - self.starts[batch]) as usize)
+    }
 }

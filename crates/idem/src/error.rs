@@ -71,6 +71,9 @@ pub enum Error {
         /// The column.
         column: String,
     },
+    /// A SQL statement failed to plan or run.
+    #[error("{0}")]
+    DataFusion(#[from] datafusion::error::DataFusionError),
     /// The options contradict each other or the input.
     #[error("{0}")]
     InvalidArgument(String),

@@ -22,6 +22,7 @@ pub mod generate;
 pub mod input;
 mod output;
 pub mod schema;
+mod sql;
 
 pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
@@ -30,3 +31,4 @@ pub use error::{Error, Result};
 pub use generate::{GenerateOptions, generate};
 pub use idem_core;
 pub use output::OutputWriter;
+pub use sql::{SqlOutput, format_table, run_sql, session};

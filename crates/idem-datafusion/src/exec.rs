@@ -1,0 +1,720 @@
+//! The physical operators: [`PositionExec`] stamps every row with its input position, and
+//! [`DedupExec`] keeps one row per key in each hash partition.
+//!
+//! ```text
+//!   source scan (N partitions, deterministic: files → partitions)
+//!        │
+//!   PositionExec        __idem_position = partition << 40 | row within partition
+//!        │
+//!   RepartitionExec     Hash(key columns) → M partitions
+//!        │
+//!   DedupExec           per partition: rows regrouped by source partition (so the order
+//!                       is the same whatever the interleaving of the repartition), then
+//!                       idem-core's keep-max table; spills by key hash when the memory
+//!                       pool refuses to grow
+//! ```
+//!
+//! A key lands in exactly one partition, so partitions dedup independently and every core
+//! works. Because ties are broken by position, not by arrival, the output is deterministic.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use datafusion::arrow::compute::{filter_record_batch, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::{SpillFile, SpillWriter};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
+    ExecutionPlanProperties, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+use idem_core::key::KeyLayout;
+use idem_core::{DedupSpec, DedupStats, dedup_batches};
+
+/// The column [`PositionExec`] adds and [`DedupExec`] consumes.
+pub const POSITION_COLUMN: &str = "__idem_position";
+/// Bits of a position that count rows within a source partition.
+const ROW_BITS: u32 = 40;
+/// Spill files per level when a partition does not fit in memory.
+const SPILL_FANOUT: usize = 16;
+/// Re-partitioning levels before a spill partition that still does not fit is processed
+/// anyway (only a single key with an enormous number of rows can get there).
+const MAX_SPILL_DEPTH: u32 = 3;
+
+fn to_df(error: datafusion::arrow::error::ArrowError) -> DataFusionError {
+    DataFusionError::ArrowError(Box::new(error), None)
+}
+
+/// Adds [`POSITION_COLUMN`], `partition << 40 | row`, so that rows can be put back in a
+/// deterministic order after a hash repartition has interleaved them.
+#[derive(Debug, Clone)]
+pub struct PositionExec {
+    input: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+}
+
+impl PositionExec {
+    /// Stamps the rows of `input`.
+    ///
+    /// # Errors
+    /// The input already has a column named [`POSITION_COLUMN`].
+    pub fn try_new(input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let input_schema = input.schema();
+        if input_schema.field_with_name(POSITION_COLUMN).is_ok() {
+            return internal_err!("input already has a column named {POSITION_COLUMN}");
+        }
+        let mut fields: Vec<Field> = input_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new(POSITION_COLUMN, DataType::UInt64, false));
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            input_schema.metadata().clone(),
+        ));
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            input.output_partitioning().clone(),
+            EmissionType::Incremental,
+            input.boundedness(),
+        ));
+        Ok(Self {
+            input,
+            schema,
+            cache,
+        })
+    }
+}
+
+impl DisplayAs for PositionExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PositionExec")
+    }
+}
+
+impl ExecutionPlan for PositionExec {
+    fn name(&self) -> &'static str {
+        "PositionExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    /// A repartition below would make positions depend on thread timing.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("PositionExec takes one child");
+        }
+        Ok(Arc::new(Self::try_new(children.swap_remove(0))?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(&self.schema);
+        let mut next = (partition as u64) << ROW_BITS;
+        let stream = self.input.execute(partition, context)?.map(move |batch| {
+            let batch = batch?;
+            let start = next;
+            next += batch.num_rows() as u64;
+            let positions: ArrayRef = Arc::new(UInt64Array::from_iter_values(start..next));
+            let mut columns = batch.columns().to_vec();
+            columns.push(positions);
+            RecordBatch::try_new(Arc::clone(&schema), columns).map_err(to_df)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream,
+        )))
+    }
+}
+
+/// Keeps, per key, the row with the maximum version (idem's semantics: nulls, ties,
+/// deletes, conflicts), over an input hash-partitioned on the key and carrying
+/// [`POSITION_COLUMN`]. Its output drops that column.
+#[derive(Debug, Clone)]
+pub struct DedupExec {
+    input: Arc<dyn ExecutionPlan>,
+    spec: DedupSpec,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    schema: SchemaRef,
+    metrics: ExecutionPlanMetricsSet,
+    cache: Arc<PlanProperties>,
+}
+
+impl DedupExec {
+    /// Dedups `input` (which must have the spec's columns and [`POSITION_COLUMN`]).
+    ///
+    /// # Errors
+    /// A missing column, or a key / version type idem cannot use.
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, spec: DedupSpec) -> Result<Self> {
+        let input_schema = input.schema();
+        let position = input_schema.index_of(POSITION_COLUMN)?;
+        let fields: Vec<Field> = input_schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != position)
+            .map(|(_, f)| f.as_ref().clone())
+            .collect();
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            input_schema.metadata().clone(),
+        ));
+        // Validates key and version columns up front, so errors surface at planning.
+        idem_core::KeepMaxTable::try_new(&schema, &spec).map_err(to_df)?;
+        let keys = spec
+            .keys
+            .iter()
+            .map(|k| {
+                Ok(Arc::new(Column::new_with_schema(k, &input_schema)?) as Arc<dyn PhysicalExpr>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            // Same hash partitioning of the key columns, minus the position column: the
+            // key expressions keep their names, so re-express them on the output schema.
+            match input.output_partitioning() {
+                datafusion::physical_plan::Partitioning::Hash(_, n) => {
+                    let out_keys = spec
+                        .keys
+                        .iter()
+                        .map(|k| {
+                            Ok(Arc::new(Column::new_with_schema(k, &schema)?)
+                                as Arc<dyn PhysicalExpr>)
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    datafusion::physical_plan::Partitioning::Hash(out_keys, *n)
+                }
+                other => datafusion::physical_plan::Partitioning::UnknownPartitioning(
+                    other.partition_count(),
+                ),
+            },
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            input,
+            spec,
+            keys,
+            schema,
+            metrics: ExecutionPlanMetricsSet::new(),
+            cache,
+        })
+    }
+
+    /// The dedup's key, version and policies.
+    pub fn spec(&self) -> &DedupSpec {
+        &self.spec
+    }
+
+    /// The input plan.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for DedupExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "DedupExec: key=[{}], version=[{}], on_tie={}",
+            self.spec.keys.join(", "),
+            self.spec.versions.join(", "),
+            self.spec.on_tie
+        )?;
+        if let Some(deletes) = &self.spec.deletes {
+            write!(
+                f,
+                ", op={} deletes=[{}]{}",
+                deletes.op_column,
+                deletes.delete_values.join(", "),
+                if deletes.keep_tombstones {
+                    " keep_tombstones"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for DedupExec {
+    fn name(&self) -> &'static str {
+        "DedupExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::KeyPartitioned(self.keys.clone())]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for key in &self.keys {
+            if f(key)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("DedupExec takes one child");
+        }
+        Ok(Arc::new(Self::try_new(
+            children.swap_remove(0),
+            self.spec.clone(),
+        )?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, Arc::clone(&context))?;
+        let reservation = MemoryConsumer::new(format!("DedupExec[{partition}]"))
+            .with_can_spill(true)
+            .register(context.memory_pool());
+        let state = PartitionState {
+            spec: self.spec.clone(),
+            input_schema: self.input.schema(),
+            output_schema: Arc::clone(&self.schema),
+            metrics: DedupMetrics::new(&self.metrics, partition),
+            context,
+            reservation,
+        };
+        let output = futures::stream::once(state.ingest(input))
+            .map_ok(|drain| {
+                futures::stream::iter(drain)
+                    .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+                    .try_flatten()
+            })
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            output,
+        )))
+    }
+}
+
+/// DataFusion metrics of one partition: the dedup counters and spilling.
+struct DedupMetrics {
+    rows_in: Count,
+    rows_out: Count,
+    duplicates: Count,
+    superseded: Count,
+    deleted: Count,
+    conflicts: Count,
+    null_keys: Count,
+    spill_files: Count,
+    spilled_rows: Count,
+    spilled_bytes: Count,
+}
+
+impl DedupMetrics {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let counter = |name: &'static str| MetricBuilder::new(metrics).counter(name, partition);
+        Self {
+            rows_in: counter("rows_in"),
+            rows_out: MetricBuilder::new(metrics).output_rows(partition),
+            duplicates: counter("duplicates"),
+            superseded: counter("superseded"),
+            deleted: counter("deleted"),
+            conflicts: counter("conflicts"),
+            null_keys: counter("null_keys"),
+            spill_files: counter("spill_files"),
+            spilled_rows: counter("spilled_rows"),
+            spilled_bytes: counter("spilled_bytes"),
+        }
+    }
+
+    fn add(&self, stats: &DedupStats) {
+        self.rows_in.add(stats.rows_in as usize);
+        self.rows_out.add(stats.rows_out as usize);
+        self.duplicates.add(stats.duplicates as usize);
+        self.superseded.add(stats.superseded as usize);
+        self.deleted.add(stats.deleted as usize);
+        self.conflicts.add(stats.conflicts as usize);
+        self.null_keys.add(stats.null_keys as usize);
+    }
+}
+
+/// Rows of one partition grouped by the source partition they came from, each group in
+/// arrival order (which is source order: a repartition keeps each source's order).
+#[derive(Default)]
+struct Grouped {
+    by_source: BTreeMap<u64, Vec<RecordBatch>>,
+}
+
+impl Grouped {
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        for (source, part) in split_by_source(batch)? {
+            self.by_source.entry(source).or_default().push(part);
+        }
+        Ok(())
+    }
+
+    fn into_ordered(self) -> Vec<RecordBatch> {
+        self.by_source.into_values().flatten().collect()
+    }
+}
+
+fn positions(batch: &RecordBatch) -> Result<&UInt64Array> {
+    batch
+        .column_by_name(POSITION_COLUMN)
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .ok_or_else(|| DataFusionError::Internal(format!("{POSITION_COLUMN} missing")))
+}
+
+/// Splits a batch by source partition (usually it has one, and is returned as it is).
+fn split_by_source(batch: RecordBatch) -> Result<Vec<(u64, RecordBatch)>> {
+    let sources: Vec<u64> = positions(&batch)?
+        .values()
+        .iter()
+        .map(|p| p >> ROW_BITS)
+        .collect();
+    let Some(&first) = sources.first() else {
+        return Ok(Vec::new());
+    };
+    if sources.iter().all(|&s| s == first) {
+        return Ok(vec![(first, batch)]);
+    }
+    let mut distinct = sources.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    distinct
+        .into_iter()
+        .map(|source| {
+            let mask: datafusion::arrow::array::BooleanArray =
+                sources.iter().map(|&s| Some(s == source)).collect();
+            Ok((source, filter_record_batch(&batch, &mask).map_err(to_df)?))
+        })
+        .collect()
+}
+
+/// Per-partition execution state.
+struct PartitionState {
+    spec: DedupSpec,
+    input_schema: SchemaRef,
+    output_schema: SchemaRef,
+    metrics: DedupMetrics,
+    context: Arc<TaskContext>,
+    reservation: MemoryReservation,
+}
+
+/// Hash-partitioned spill files of one level, being written.
+struct Spill {
+    files: Vec<(SpillPath, StreamWriter<Box<dyn SpillWriter>>)>,
+}
+
+/// A finished spill file.
+type SpillPath = Arc<dyn SpillFile>;
+
+impl Spill {
+    fn finish(self) -> Result<Vec<SpillPath>> {
+        self.files
+            .into_iter()
+            .map(|(file, mut writer)| {
+                writer.finish().map_err(to_df)?;
+                writer.into_inner().map_err(to_df)?.finish()?;
+                Ok(file)
+            })
+            .collect()
+    }
+}
+
+/// Bytes to reserve for holding a batch and its share of the keep-max table (the table
+/// keeps well under 100 bytes per row for common keys).
+fn reservation_for(batch: &RecordBatch) -> usize {
+    batch.get_array_memory_size() + batch.num_rows() * 96
+}
+
+/// What a partition's input became: rows in memory, or spill files to work through.
+enum Ingested {
+    InMemory(Grouped),
+    Spilled(Vec<SpillPath>),
+}
+
+impl PartitionState {
+    /// Reads the whole input, holding it while the pool allows and spilling by key hash
+    /// from the first refusal on.
+    async fn ingest(mut self, mut input: SendableRecordBatchStream) -> Result<Drain> {
+        let mut grouped = Grouped::default();
+        let mut spill: Option<Spill> = None;
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            match spill.as_mut() {
+                Some(spill) => self.spill_batch(spill, &batch, 0)?,
+                None if self.reservation.try_grow(reservation_for(&batch)).is_ok() => {
+                    grouped.push(batch)?
+                }
+                None => spill = Some(self.start_spill(std::mem::take(&mut grouped), &batch, 0)?),
+            }
+        }
+        let work = match spill {
+            None => Ingested::InMemory(grouped),
+            Some(spill) => Ingested::Spilled(spill.finish()?),
+        };
+        Ok(Drain {
+            state: self,
+            work: vec![(work, 1)],
+        })
+    }
+
+    /// Moves what is held, and `batch`, into new spill files.
+    fn start_spill(&mut self, held: Grouped, batch: &RecordBatch, depth: u32) -> Result<Spill> {
+        let mut spill = self.new_spill()?;
+        for held in held.into_ordered() {
+            self.spill_batch(&mut spill, &held, depth)?;
+        }
+        self.reservation.free();
+        self.spill_batch(&mut spill, batch, depth)?;
+        Ok(spill)
+    }
+
+    /// Dedups rows held in memory, in source order, and releases their reservation.
+    fn dedup(&mut self, grouped: Grouped) -> Result<Vec<RecordBatch>> {
+        let batches: Vec<RecordBatch> = grouped
+            .into_ordered()
+            .into_iter()
+            .map(|b| self.without_position(&b))
+            .collect::<Result<_>>()?;
+        let (output, stats) =
+            dedup_batches(&self.output_schema, &batches, &self.spec).map_err(to_df)?;
+        drop(batches);
+        self.reservation.free();
+        self.metrics.add(&stats);
+        Ok(output)
+    }
+
+    fn without_position(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let position = self.input_schema.index_of(POSITION_COLUMN)?;
+        let columns: Vec<ArrayRef> = batch
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != position)
+            .map(|(_, c)| Arc::clone(c))
+            .collect();
+        RecordBatch::try_new(Arc::clone(&self.output_schema), columns).map_err(to_df)
+    }
+
+    fn new_spill(&self) -> Result<Spill> {
+        let files = (0..SPILL_FANOUT)
+            .map(|_| {
+                let file = self
+                    .context
+                    .runtime_env()
+                    .disk_manager
+                    .create_tmp_file("DedupExec spill")?;
+                let writer = StreamWriter::try_new(file.open_writer()?, &self.input_schema)
+                    .map_err(to_df)?;
+                Ok((file, writer))
+            })
+            .collect::<Result<_>>()?;
+        self.metrics.spill_files.add(SPILL_FANOUT);
+        Ok(Spill { files })
+    }
+
+    /// Routes a batch's rows to spill files by key hash; `depth` picks other hash bits at
+    /// each level so that a re-spilled partition actually splits.
+    fn spill_batch(&self, spill: &mut Spill, batch: &RecordBatch, depth: u32) -> Result<()> {
+        let key_fields = self
+            .spec
+            .keys
+            .iter()
+            .map(|k| self.input_schema.field_with_name(k).cloned())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let layout = KeyLayout::try_new(&key_fields).map_err(to_df)?;
+        let key_columns: Vec<ArrayRef> = self
+            .spec
+            .keys
+            .iter()
+            .map(|k| {
+                batch
+                    .column_by_name(k)
+                    .cloned()
+                    .ok_or_else(|| DataFusionError::Internal(format!("key column {k} missing")))
+            })
+            .collect::<Result<_>>()?;
+        let mut hashes = Vec::new();
+        layout
+            .canonicalise(&key_columns)
+            .map_err(to_df)?
+            .hash_rows(&mut hashes);
+        let shift = 60 - 4 * depth;
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); SPILL_FANOUT];
+        for (row, hash) in hashes.iter().enumerate() {
+            rows[((hash >> shift) as usize) % SPILL_FANOUT].push(row as u32);
+        }
+        for ((_, writer), rows) in spill.files.iter_mut().zip(rows) {
+            if rows.is_empty() {
+                continue;
+            }
+            let part = take_record_batch(batch, &UInt32Array::from(rows)).map_err(to_df)?;
+            writer.write(&part).map_err(to_df)?;
+            self.metrics.spilled_rows.add(part.num_rows());
+            self.metrics.spilled_bytes.add(part.get_array_memory_size());
+        }
+        Ok(())
+    }
+
+    /// Loads one spill file, or spills it one level further if it still does not fit.
+    fn load(&mut self, file: &SpillPath, depth: u32) -> Result<Ingested> {
+        // Spill partitions are read back synchronously, one at a time, from local disk.
+        let path = file.path().ok_or_else(|| {
+            DataFusionError::NotImplemented("DedupExec spills to local disk only".to_owned())
+        })?;
+        let reader = StreamReader::try_new(std::io::BufReader::new(File::open(path)?), None)
+            .map_err(to_df)?;
+        let mut grouped = Grouped::default();
+        let mut respill: Option<Spill> = None;
+        for batch in reader {
+            let batch = batch.map_err(to_df)?;
+            match respill.as_mut() {
+                Some(respill) => self.spill_batch(respill, &batch, depth)?,
+                None if self.reservation.try_grow(reservation_for(&batch)).is_ok() => {
+                    grouped.push(batch)?
+                }
+                // Past the last level only one enormous key can remain: process it anyway.
+                None if depth >= MAX_SPILL_DEPTH => {
+                    self.reservation.grow(reservation_for(&batch));
+                    grouped.push(batch)?;
+                }
+                None => {
+                    respill = Some(self.start_spill(std::mem::take(&mut grouped), &batch, depth)?)
+                }
+            }
+        }
+        Ok(match respill {
+            None => Ingested::InMemory(grouped),
+            Some(spill) => Ingested::Spilled(spill.finish()?),
+        })
+    }
+}
+
+/// Produces a partition's output one piece of work at a time: the rows held in memory, or
+/// one spill file after another, so that only one spill partition is in memory at once.
+struct Drain {
+    state: PartitionState,
+    /// Work left, last first, with the spill depth of files it holds.
+    work: Vec<(Ingested, u32)>,
+}
+
+impl Iterator for Drain {
+    type Item = Result<Vec<RecordBatch>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (work, depth) = self.work.pop()?;
+        Some(match work {
+            Ingested::InMemory(grouped) => self.state.dedup(grouped),
+            Ingested::Spilled(mut files) => {
+                let Some(file) = (!files.is_empty()).then(|| files.remove(0)) else {
+                    return Some(Ok(Vec::new()));
+                };
+                if !files.is_empty() {
+                    self.work.push((Ingested::Spilled(files), depth));
+                }
+                match self.state.load(&file, depth) {
+                    Ok(loaded) => {
+                        self.work.push((loaded, depth + 1));
+                        Ok(Vec::new())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        })
+    }
+}

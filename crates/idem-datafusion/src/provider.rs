@@ -1,0 +1,228 @@
+//! [`DedupTable`]: any table (or DataFrame), deduplicated — the provider behind the `dedup`
+//! table function and [`DataFrameDedupExt::dedup`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{DFSchema, Result};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::{TableType, provider_as_source};
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+use idem_core::{DedupSpec, DeletePolicy, TiePolicy};
+
+use crate::exec::{DedupExec, PositionExec};
+
+/// Tie and delete policies of a dedup (the key and version columns are given apart).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DedupOptions {
+    /// Which row wins a tie at the maximum version.
+    pub on_tie: TiePolicy,
+    /// Which rows are deletes; `None`: none.
+    pub deletes: Option<DeletePolicy>,
+}
+
+impl DedupOptions {
+    /// Sets the tie policy.
+    #[must_use]
+    pub fn with_on_tie(mut self, on_tie: TiePolicy) -> Self {
+        self.on_tie = on_tie;
+        self
+    }
+
+    /// Treats rows whose op column holds a delete value as tombstones.
+    #[must_use]
+    pub fn with_deletes(mut self, deletes: DeletePolicy) -> Self {
+        self.deletes = Some(deletes);
+        self
+    }
+
+    /// The full spec for the given key and version columns.
+    pub fn into_spec<K, V>(self, keys: K, versions: V) -> DedupSpec
+    where
+        K: IntoIterator,
+        K::Item: Into<String>,
+        V: IntoIterator,
+        V::Item: Into<String>,
+    {
+        let mut spec = DedupSpec::new(keys, versions).with_on_tie(self.on_tie);
+        spec.deletes = self.deletes;
+        spec
+    }
+}
+
+/// A table whose rows are `source`'s, one per key (see [`DedupSpec`]).
+///
+/// Filters that only read key columns are pushed below the dedup (they keep or drop whole
+/// keys, so the result is the same); filters on any other column stay above it, since
+/// filtering before the dedup could let an older version win.
+#[derive(Debug)]
+pub struct DedupTable {
+    source: Arc<dyn TableProvider>,
+    spec: DedupSpec,
+}
+
+impl DedupTable {
+    /// Deduplicates `source` as `spec` says.
+    ///
+    /// # Errors
+    /// A key, version or op column missing from the source, or of an unusable type.
+    pub fn try_new(source: Arc<dyn TableProvider>, spec: DedupSpec) -> Result<Self> {
+        idem_core::KeepMaxTable::try_new(&source.schema(), &spec)
+            .map_err(|e| datafusion::error::DataFusionError::Plan(e.to_string()))?;
+        Ok(Self { source, spec })
+    }
+
+    /// Whether `expr` reads only key columns.
+    fn on_keys_only(&self, expr: &Expr) -> bool {
+        expr.column_refs()
+            .iter()
+            .all(|c| self.spec.keys.contains(&c.name))
+    }
+
+    /// Columns the dedup itself reads.
+    fn required_columns(&self) -> impl Iterator<Item = &String> {
+        self.spec
+            .keys
+            .iter()
+            .chain(&self.spec.versions)
+            .chain(self.spec.deletes.iter().map(|d| &d.op_column))
+    }
+}
+
+#[async_trait]
+impl TableProvider for DedupTable {
+    fn schema(&self) -> SchemaRef {
+        self.source.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.on_keys_only(f) {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.source.schema();
+        // Read the projected columns plus those the dedup needs, in source order.
+        let mut read: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..schema.fields().len()).collect(),
+        };
+        for name in self.required_columns() {
+            let index = schema.index_of(name)?;
+            if !read.contains(&index) {
+                read.push(index);
+            }
+        }
+        for filter in filters {
+            for column in filter.column_refs() {
+                let index = schema.index_of(&column.name)?;
+                if !read.contains(&index) {
+                    read.push(index);
+                }
+            }
+        }
+        read.sort_unstable();
+        let mut input = self.source.scan(state, Some(&read), filters, None).await?;
+        // The source may treat pushed filters as hints: apply them exactly here.
+        if let Some(predicate) = conjunction(filters.iter().cloned()) {
+            let df_schema = DFSchema::try_from(input.schema().as_ref().clone())?;
+            let predicate = state.create_physical_expr(predicate, &df_schema)?;
+            input = Arc::new(FilterExec::try_new(predicate, input)?);
+        }
+        let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(input)?);
+        let keys = self
+            .spec
+            .keys
+            .iter()
+            .map(|k| {
+                Ok(Arc::new(Column::new_with_schema(k, &positioned.schema())?)
+                    as Arc<dyn PhysicalExpr>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let partitions = state.config().target_partitions().max(1);
+        let repartitioned = Arc::new(RepartitionExec::try_new(
+            positioned,
+            Partitioning::Hash(keys, partitions),
+        )?);
+        let dedup: Arc<dyn ExecutionPlan> =
+            Arc::new(DedupExec::try_new(repartitioned, self.spec.clone())?);
+        // Back to exactly the requested columns, in the requested order.
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..schema.fields().len()).collect(),
+        };
+        let dedup_schema = dedup.schema();
+        let exprs = wanted
+            .iter()
+            .map(|&i| {
+                let name = schema.field(i).name();
+                Ok((
+                    Arc::new(Column::new_with_schema(name, &dedup_schema)?)
+                        as Arc<dyn PhysicalExpr>,
+                    name.clone(),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(ProjectionExec::try_new(exprs, dedup)?))
+    }
+}
+
+/// `df.dedup(keys, versions, options)` on a DataFusion [`DataFrame`].
+pub trait DataFrameDedupExt {
+    /// One row per key: the one with the maximum version, as `idem dedup` keeps it.
+    ///
+    /// # Errors
+    /// A key, version or op column missing from the DataFrame, or of an unusable type.
+    fn dedup<K, V>(self, keys: K, versions: V, options: DedupOptions) -> Result<DataFrame>
+    where
+        K: IntoIterator,
+        K::Item: Into<String>,
+        V: IntoIterator,
+        V::Item: Into<String>;
+}
+
+impl DataFrameDedupExt for DataFrame {
+    fn dedup<K, V>(self, keys: K, versions: V, options: DedupOptions) -> Result<DataFrame>
+    where
+        K: IntoIterator,
+        K::Item: Into<String>,
+        V: IntoIterator,
+        V::Item: Into<String>,
+    {
+        let state = self.clone().into_parts().0;
+        let spec = options.into_spec(keys, versions);
+        let table = Arc::new(DedupTable::try_new(self.into_view(), spec)?);
+        let plan = LogicalPlanBuilder::scan("dedup", provider_as_source(table), None)?.build()?;
+        Ok(DataFrame::new(state, plan))
+    }
+}

@@ -1,0 +1,363 @@
+//! `DedupExec` through DataFusion: equality with the `ROW_NUMBER()` formulation on random
+//! data for several partition counts, determinism, spilling under a tiny memory pool,
+//! filter placement, and the `dedup` table function.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::datasource::MemTable;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::{collect, displayable};
+use datafusion::prelude::*;
+use idem_core::rng::SplitMix64;
+use idem_datafusion::{DataFrameDedupExt, DedupOptions, DeletePolicy};
+
+/// Random events in `partitions` partitions: small key and version domains so that keys
+/// repeat, versions tie (with differing payloads) and nulls occur. `seq` is each row's
+/// position in partition-major order, the order DedupExec breaks ties by.
+fn events(
+    seed: u64,
+    rows_per_partition: usize,
+    partitions: usize,
+) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Utf8, true),
+        Field::new("s", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+        Field::new("op", DataType::Utf8, false),
+        Field::new("seq", DataType::Int64, false),
+        Field::new("payload", DataType::Utf8, false),
+    ]));
+    let mut rng = SplitMix64::new(seed);
+    let mut seq = 0i64;
+    let data = (0..partitions)
+        .map(|_| {
+            (0..rows_per_partition.div_ceil(1000))
+                .map(|_| {
+                    let n = 1000;
+                    let k: Vec<Option<String>> = (0..n)
+                        .map(|_| (!rng.chance(2)).then(|| format!("key{}", rng.below(3000))))
+                        .collect();
+                    let s: Vec<Option<i64>> = (0..n)
+                        .map(|_| (!rng.chance(2)).then(|| rng.below(2) as i64))
+                        .collect();
+                    let v: Vec<Option<i64>> = (0..n)
+                        .map(|_| (!rng.chance(3)).then(|| rng.below(5) as i64))
+                        .collect();
+                    let op: Vec<&str> = (0..n)
+                        .map(|_| if rng.chance(10) { "d" } else { "u" })
+                        .collect();
+                    let seqs: Vec<i64> = (0..n as i64).map(|i| seq + i).collect();
+                    seq += n as i64;
+                    let payload: Vec<String> =
+                        (0..n).map(|_| format!("p{}", rng.below(4))).collect();
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(StringArray::from(k)),
+                            Arc::new(Int64Array::from(s)),
+                            Arc::new(Int64Array::from(v)),
+                            Arc::new(StringArray::from(op)),
+                            Arc::new(Int64Array::from(seqs)),
+                            Arc::new(StringArray::from(payload)),
+                        ],
+                    )
+                    .expect("batch")
+                })
+                .collect()
+        })
+        .collect();
+    (schema, data)
+}
+
+fn context(target_partitions: usize) -> SessionContext {
+    let ctx = SessionContext::new_with_config(
+        SessionConfig::new().with_target_partitions(target_partitions),
+    );
+    idem_datafusion::register(&ctx);
+    ctx
+}
+
+async fn sorted(df: DataFrame) -> Vec<String> {
+    let batches = df
+        .sort(vec![col("seq").sort(true, true)])
+        .expect("sort")
+        .collect()
+        .await
+        .expect("collect");
+    pretty_format_batches(&batches)
+        .expect("format")
+        .to_string()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equals_row_number_for_1_2_and_8_partitions() {
+    for (seed, target_partitions) in [(1, 1), (2, 2), (3, 8)] {
+        for deletes in [false, true] {
+            let ctx = context(target_partitions);
+            let (schema, data) = events(seed, 4000, 3);
+            ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+                .expect("register");
+            let mut options = DedupOptions::default();
+            if deletes {
+                options = options.with_deletes(DeletePolicy::new("op"));
+            }
+            let ours = ctx
+                .table("t")
+                .await
+                .expect("t")
+                .dedup(["k", "s"], ["v"], options)
+                .expect("dedup");
+            let reference = ctx
+                .sql(&format!(
+                    "SELECT k, s, v, op, seq, payload FROM (
+                        SELECT *, row_number() OVER (PARTITION BY k, s ORDER BY v DESC NULLS LAST, seq) AS rn FROM t
+                     ) WHERE rn = 1 {}",
+                    if deletes { "AND op <> 'd'" } else { "" }
+                ))
+                .await
+                .expect("reference");
+            let ours = sorted(ours).await;
+            assert!(ours.len() > 100, "a real result");
+            assert_eq!(
+                ours,
+                sorted(reference).await,
+                "seed {seed}, {target_partitions} partitions, deletes {deletes}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_is_deterministic() {
+    let run = || async {
+        let ctx = context(4);
+        let (schema, data) = events(9, 3000, 4);
+        ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+            .expect("register");
+        let df = ctx
+            .sql("SELECT * FROM dedup('t', 'k,s', 'v')")
+            .await
+            .expect("sql");
+        let plan = df.create_physical_plan().await.expect("plan");
+        let partitions = datafusion::physical_plan::collect_partitioned(plan, ctx.task_ctx())
+            .await
+            .expect("collect");
+        partitions
+            .iter()
+            .map(|p| pretty_format_batches(p).expect("format").to_string())
+            .collect::<Vec<_>>()
+    };
+    let first = run().await;
+    for _ in 0..3 {
+        assert_eq!(run().await, first);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spills_under_a_tiny_memory_pool_with_the_same_result() {
+    let (schema, data) = events(5, 20_000, 2);
+    let unlimited = context(2);
+    unlimited
+        .register_table(
+            "t",
+            Arc::new(MemTable::try_new(Arc::clone(&schema), data.clone()).expect("mem")),
+        )
+        .expect("register");
+    let expected = sorted(
+        unlimited
+            .sql("SELECT * FROM dedup('t', 'k,s', 'v')")
+            .await
+            .expect("sql"),
+    )
+    .await;
+
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(256 * 1024)))
+        .build_arc()
+        .expect("runtime");
+    let ctx =
+        SessionContext::new_with_config_rt(SessionConfig::new().with_target_partitions(2), runtime);
+    idem_datafusion::register(&ctx);
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+        .expect("register");
+    let df = ctx
+        .sql("SELECT * FROM dedup('t', 'k,s', 'v')")
+        .await
+        .expect("sql");
+    let plan = df.clone().create_physical_plan().await.expect("plan");
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .expect("collect under a tiny pool");
+    let got: Vec<String> = {
+        // Sorting needs more memory than the tiny pool has: sort in the unlimited session.
+        let sorted_df = unlimited
+            .read_batches(batches)
+            .expect("read")
+            .sort(vec![col("seq").sort(true, true)])
+            .expect("sort");
+        let out = sorted_df.collect().await.expect("collect");
+        pretty_format_batches(&out)
+            .expect("format")
+            .to_string()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(got, expected);
+    let metrics = displayable(plan.as_ref()).indent(true).to_string();
+    let spilled = find_metric(&plan, "spill_files");
+    assert!(spilled > 0, "expected spilling:\n{metrics}");
+}
+
+fn find_metric(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>, name: &str) -> usize {
+    let own = plan
+        .metrics()
+        .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize());
+    own + plan
+        .children()
+        .iter()
+        .map(|c| find_metric(c, name))
+        .sum::<usize>()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_filters_go_below_the_dedup_and_others_stay_above() {
+    let ctx = context(2);
+    let (schema, data) = events(4, 1000, 1);
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+        .expect("register");
+    let plan = |sql: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let df = ctx.sql(sql).await.expect("sql");
+            let plan = df.create_physical_plan().await.expect("plan");
+            displayable(plan.as_ref()).indent(false).to_string()
+        }
+    };
+    let on_key = plan("SELECT * FROM dedup('t', 'k,s', 'v') WHERE k = 'key1'").await;
+    let dedup_at = on_key.find("DedupExec").expect("DedupExec in plan");
+    let filter_at = on_key.find("FilterExec").expect("FilterExec in plan");
+    assert!(
+        filter_at > dedup_at,
+        "key filter below the dedup:\n{on_key}"
+    );
+    let on_payload = plan("SELECT * FROM dedup('t', 'k,s', 'v') WHERE payload = 'p1'").await;
+    let dedup_at = on_payload.find("DedupExec").expect("DedupExec in plan");
+    let filter_at = on_payload.find("FilterExec").expect("FilterExec in plan");
+    assert!(
+        filter_at < dedup_at,
+        "payload filter above the dedup:\n{on_payload}"
+    );
+
+    // And the results agree with filtering after the dedup.
+    let filtered = ctx
+        .sql("SELECT * FROM dedup('t', 'k,s', 'v') WHERE k = 'key1'")
+        .await
+        .expect("sql");
+    let after = ctx
+        .sql("SELECT * FROM (SELECT * FROM dedup('t', 'k,s', 'v')) WHERE k = 'key1'")
+        .await
+        .expect("sql");
+    assert_eq!(sorted(filtered).await, sorted(after).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_function_options_files_and_errors() {
+    let ctx = context(2);
+    ctx.sql(
+        "CREATE TABLE cdc (id TEXT, lsn TEXT, op TEXT, status TEXT) AS VALUES
+           ('a', '0/FF', 'c', 'new'), ('a', '0/100', 'u', 'paid'), ('b', '1/0', 'DEL', 'gone'),
+           ('b', '0/1', 'c', 'new'), ('c', '0/5', 'c', 'x'), ('c', '0/5', 'c', 'y')",
+    )
+    .await
+    .expect("create");
+    let rows = |sql: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let batches = ctx
+                .sql(sql)
+                .await
+                .expect("sql")
+                .collect()
+                .await
+                .expect("collect");
+            pretty_format_batches(&batches).expect("format").to_string()
+        }
+    };
+    let out = rows(
+        "SELECT id, status FROM dedup('cdc', 'id', 'lsn', 'op=op, delete_values=DEL') ORDER BY id",
+    )
+    .await;
+    assert!(
+        out.contains("| a  | paid   |") && !out.contains("gone") && out.contains("| c  | x      |"),
+        "{out}"
+    );
+    let out =
+        rows("SELECT id, status FROM dedup('cdc', 'id', 'lsn', 'on_tie=last') ORDER BY id").await;
+    assert!(
+        out.contains("| c  | y      |") && out.contains("gone"),
+        "{out}"
+    );
+
+    for (sql, needle) in [
+        (
+            "SELECT * FROM dedup('cdc', 'id', 'lsn', 'on_tie=error')",
+            "conflicting rows for key (id=c)",
+        ),
+        (
+            "SELECT * FROM dedup('nope', 'id', 'lsn')",
+            "no table named 'nope'",
+        ),
+        ("SELECT * FROM dedup('cdc', 'missing', 'lsn')", "'missing'"),
+        (
+            "SELECT * FROM dedup('cdc', 'id', 'lsn', 'colour=blue')",
+            "unknown option 'colour'",
+        ),
+        ("SELECT * FROM dedup('cdc', 'id')", "3 or 4 arguments"),
+    ] {
+        let result = match ctx.sql(sql).await {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let error = result.expect_err(sql).to_string();
+        assert!(error.contains(needle), "{sql}: {error}");
+    }
+
+    // A directory of Parquet files as the source.
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cdc.parquet");
+    ctx.sql(&format!(
+        "COPY cdc TO '{}' STORED AS PARQUET",
+        path.display()
+    ))
+    .await
+    .expect("copy")
+    .collect()
+    .await
+    .expect("copy");
+    let sql = format!(
+        "SELECT count(*) AS n FROM dedup('{}', 'id', 'lsn')",
+        path.display()
+    );
+    let batches = ctx
+        .sql(&sql)
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("collect");
+    assert!(
+        pretty_format_batches(&batches)
+            .expect("format")
+            .to_string()
+            .contains("| 3 |")
+    );
+}

@@ -1,0 +1,78 @@
+//! `idem sql`: one SQL statement in a DataFusion session with idem's functions registered.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+
+use crate::error::{Error, Result};
+use crate::output::OutputWriter;
+
+/// What a statement produced.
+#[derive(Debug)]
+pub enum SqlOutput {
+    /// The result rows, to show.
+    Rows(Vec<RecordBatch>),
+    /// The result was written to these Parquet files.
+    Written {
+        /// Files written.
+        files: Vec<PathBuf>,
+        /// Rows written.
+        rows: u64,
+    },
+}
+
+/// A session like `datafusion-cli`'s: idem's table function registered, and file paths
+/// usable as table names (`SELECT * FROM 'data/events/*.parquet'`).
+pub fn session() -> SessionContext {
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true))
+        .enable_url_table();
+    idem_datafusion::register(&ctx);
+    ctx
+}
+
+/// Runs `query`; with `output`, streams its result into Parquet there (atomically, as
+/// `idem dedup` writes), otherwise returns the rows.
+///
+/// # Errors
+/// Planning or execution errors, or a failure to write the output.
+pub fn run_sql(query: &str, output: Option<&Path>, max_rows_per_file: usize) -> Result<SqlOutput> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::io("tokio runtime"))?;
+    runtime.block_on(async {
+        let ctx = session();
+        let frame = ctx.sql(query).await?;
+        match output {
+            None => Ok(SqlOutput::Rows(frame.collect().await?)),
+            Some(path) => {
+                let mut stream = frame.execute_stream().await?;
+                let schema = Arc::clone(&stream.schema());
+                let mut writer = OutputWriter::try_new(path, schema, max_rows_per_file)?;
+                let mut rows = 0u64;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    rows += batch.num_rows() as u64;
+                    writer.write(&batch)?;
+                }
+                Ok(SqlOutput::Written {
+                    files: writer.commit()?,
+                    rows,
+                })
+            }
+        }
+    })
+}
+
+/// Rows as a text table, as `datafusion-cli` prints them.
+///
+/// # Errors
+/// A value that cannot be displayed.
+pub fn format_table(batches: &[RecordBatch]) -> Result<String> {
+    datafusion::arrow::util::pretty::pretty_format_batches(batches)
+        .map(|table| table.to_string())
+        .map_err(|e| Error::DataFusion(e.into()))
+}
