@@ -698,3 +698,74 @@ fn generator_output_round_trips() {
         .as_primitive::<Int64Type>();
     assert_eq!(lsn.null_count(), 0);
 }
+
+#[test]
+fn sql_runs_the_dedup_table_function_and_agrees_with_dedup() {
+    let dir = TempDir::new().expect("tmp");
+    let dedup_out = dir.path().join("dedup.parquet");
+    let stats = dedup_ok(&[&sample(), "-o", p(&dedup_out), "--op", "op"]);
+    let rows_out = stats["rows_out"].as_u64().expect("rows_out");
+
+    let query = format!(
+        "SELECT count(*) AS n FROM dedup('{}', 'event_id,sequence', 'lsn', 'op=op')",
+        sample()
+    );
+    let output = idem().args(["sql", &query]).output().expect("run");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains(&format!("| {rows_out} |")), "{table}");
+
+    // Written to Parquet, the same rows as `idem dedup` (in another order: by partition).
+    let sql_out = dir.path().join("sql.parquet");
+    let query = format!(
+        "SELECT * FROM dedup('{}', 'event_id,sequence', 'lsn', 'op=op')",
+        sample()
+    );
+    let output = idem()
+        .args(["sql", &query, "-o", p(&sql_out)])
+        .output()
+        .expect("run");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let sorted_rows = |batch: &RecordBatch| {
+        let columns: Vec<Vec<String>> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| column_strings(batch, f.name()))
+            .collect();
+        let mut rows: Vec<String> = (0..batch.num_rows())
+            .map(|i| {
+                columns
+                    .iter()
+                    .map(|c| c[i].as_str())
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    assert_eq!(
+        sorted_rows(&read_output(&sql_out)),
+        sorted_rows(&read_output(&dedup_out))
+    );
+
+    let output = idem()
+        .args(["sql", "SELECT * FROM dedup('no_such_table', 'id', 'lsn')"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no_such_table") && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+}
