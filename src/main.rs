@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use idem::idem_core::{DedupSpec, DeletePolicy, TiePolicy};
+use idem::idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 use idem::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, GenerateOptions, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -204,14 +204,15 @@ fn print_stdout(text: &str) -> Result<(), String> {
 }
 
 fn dedup(args: DedupArgs) -> Result<(), String> {
-    let mut spec = DedupSpec::new(args.key, args.versions).with_on_tie(args.on_tie);
+    let mut options = DedupOptions::default().with_on_tie(args.on_tie);
     if let Some(op) = args.op {
-        spec = spec.with_deletes(DeletePolicy {
+        options = options.with_deletes(DeletePolicy {
             op_column: op,
             delete_values: args.delete_values,
             keep_tombstones: args.keep_tombstones,
         });
     }
+    let spec = DedupSpec::new(args.key, args.versions).with_options(options);
     let job = DedupJob {
         inputs: args.inputs,
         output: args.output,

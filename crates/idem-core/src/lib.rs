@@ -41,7 +41,7 @@ mod ties;
 pub mod version;
 
 pub use memory::dedup_batches;
-pub use options::{DedupSpec, DeletePolicy, TiePolicy};
+pub use options::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use stats::DedupStats;
 pub use table::{KeepMaxTable, Resolution, TieRow};
 pub use ties::{TieCheck, describe_row};

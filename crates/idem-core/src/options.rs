@@ -63,44 +63,17 @@ impl DeletePolicy {
     }
 }
 
-/// What one dedup does: the key, the version and the policies. Shared by every front end
-/// (CLI, DataFusion operator) so that they cannot disagree on semantics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DedupSpec {
-    /// Key columns: rows with equal values in all of them are one key (nulls equal).
-    pub keys: Vec<String>,
-    /// Version columns, most significant first; the row with the greatest version wins.
-    pub versions: Vec<String>,
+/// The policies of a dedup: how ties resolve and which rows are deletes. Shared by every
+/// front end (CLI, DataFusion operator, table function) so that they cannot disagree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DedupOptions {
     /// Resolution of ties at a key's maximum version.
     pub on_tie: TiePolicy,
     /// Present when the input has an op column; `None` means no row is a delete.
     pub deletes: Option<DeletePolicy>,
 }
 
-impl Default for DedupSpec {
-    /// The event-pipeline default: key `(event_id, sequence)`, version `lsn`.
-    fn default() -> Self {
-        Self::new(["event_id", "sequence"], ["lsn"])
-    }
-}
-
-impl DedupSpec {
-    /// A spec with the given key and version columns, ties resolved by input order.
-    pub fn new<K, V>(keys: K, versions: V) -> Self
-    where
-        K: IntoIterator,
-        K::Item: Into<String>,
-        V: IntoIterator,
-        V::Item: Into<String>,
-    {
-        Self {
-            keys: keys.into_iter().map(Into::into).collect(),
-            versions: versions.into_iter().map(Into::into).collect(),
-            on_tie: TiePolicy::First,
-            deletes: None,
-        }
-    }
-
+impl DedupOptions {
     /// Sets the tie policy.
     #[must_use]
     pub fn with_on_tie(mut self, on_tie: TiePolicy) -> Self {
@@ -112,6 +85,49 @@ impl DedupSpec {
     #[must_use]
     pub fn with_deletes(mut self, deletes: DeletePolicy) -> Self {
         self.deletes = Some(deletes);
+        self
+    }
+}
+
+/// What one dedup does: the key and version columns, and the policies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupSpec {
+    /// Key columns: rows with equal values in all of them are one key (nulls equal).
+    pub keys: Vec<String>,
+    /// Version columns, most significant first; the row with the greatest version wins.
+    pub versions: Vec<String>,
+    /// Tie and delete policies.
+    pub options: DedupOptions,
+}
+
+impl Default for DedupSpec {
+    /// The event-pipeline default: key `(event_id, sequence)`, version `lsn`.
+    fn default() -> Self {
+        Self::new(["event_id", "sequence"], ["lsn"])
+    }
+}
+
+impl DedupSpec {
+    /// A spec with the given key and version columns, default policies (ties to the first
+    /// row in input order, no deletes).
+    pub fn new<K, V>(keys: K, versions: V) -> Self
+    where
+        K: IntoIterator,
+        K::Item: Into<String>,
+        V: IntoIterator,
+        V::Item: Into<String>,
+    {
+        Self {
+            keys: keys.into_iter().map(Into::into).collect(),
+            versions: versions.into_iter().map(Into::into).collect(),
+            options: DedupOptions::default(),
+        }
+    }
+
+    /// Sets the policies.
+    #[must_use]
+    pub fn with_options(mut self, options: DedupOptions) -> Self {
+        self.options = options;
         self
     }
 }

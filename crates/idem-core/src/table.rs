@@ -103,7 +103,7 @@ impl KeepMaxTable {
             .iter()
             .map(|v| field(schema, v, "version").cloned())
             .collect::<Result<_, _>>()?;
-        if let Some(deletes) = &spec.deletes {
+        if let Some(deletes) = &spec.options.deletes {
             field(schema, &deletes.op_column, "op")?;
         }
         let keys = KeyLayout::try_new(&key_fields)?;
@@ -185,7 +185,7 @@ impl KeepMaxTable {
         self.versions
             .encode(&version_columns, num_rows, &mut scratch.versions)?;
         scratch.tombstones.clear();
-        if let Some(deletes) = &self.spec.deletes {
+        if let Some(deletes) = &self.spec.options.deletes {
             let op = cast(column(batch, &deletes.op_column, "op")?, &DataType::Utf8)?;
             let op = op.as_string::<i32>();
             scratch.tombstones.extend((0..num_rows).map(|row| {
@@ -200,7 +200,7 @@ impl KeepMaxTable {
         self.null_keys += keys.rows_with_null() as u64;
 
         let width = self.versions.width();
-        let last_wins = self.spec.on_tie == TiePolicy::Last;
+        let last_wins = self.spec.options.on_tie == TiePolicy::Last;
         for (row, &slot) in scratch.slots.iter().enumerate() {
             let position = self.rows_in + row as u64;
             let incoming = &scratch.versions[row * width..(row + 1) * width];
@@ -256,6 +256,7 @@ impl KeepMaxTable {
     pub fn finish(self) -> Resolution {
         let keep_tombstones = self
             .spec
+            .options
             .deletes
             .as_ref()
             .is_some_and(|d| d.keep_tombstones);

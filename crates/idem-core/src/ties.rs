@@ -95,7 +95,7 @@ impl TieCheck {
                 Some(first) if first != hash && !self.conflicted[g] => {
                     self.conflicted[g] = true;
                     self.conflicts += 1;
-                    if self.spec.on_tie == TiePolicy::Error {
+                    if self.spec.options.on_tie == TiePolicy::Error {
                         return Err(ArrowError::ComputeError(format!(
                             "conflicting rows for key {}: they tie at the maximum version but \
                              differ in other columns (--on-tie error)",

@@ -15,7 +15,9 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use idem_core::rng::SplitMix64;
-use idem_core::{DedupSpec, DeletePolicy, KeepMaxTable, TieCheck, TiePolicy, parse_pg_lsn};
+use idem_core::{
+    DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, TieCheck, TiePolicy, parse_pg_lsn,
+};
 
 #[derive(Clone, Copy, Debug)]
 enum KeyType {
@@ -195,16 +197,17 @@ fn draw_case(rng: &mut SplitMix64) -> Case {
         batches.push(RecordBatch::try_new(batch_schema, columns).expect("batch"));
     }
     let on_tie = [TiePolicy::First, TiePolicy::Last][rng.below(2) as usize];
-    let mut spec = DedupSpec::new(
-        (0..num_keys).map(|i| format!("k{i}")),
-        (0..num_versions).map(|i| format!("v{i}")),
-    )
-    .with_on_tie(on_tie);
+    let mut options = DedupOptions::default().with_on_tie(on_tie);
     if with_deletes {
         let mut deletes = DeletePolicy::new("op");
         deletes.keep_tombstones = rng.chance(30);
-        spec = spec.with_deletes(deletes);
+        options = options.with_deletes(deletes);
     }
+    let spec = DedupSpec::new(
+        (0..num_keys).map(|i| format!("k{i}")),
+        (0..num_versions).map(|i| format!("v{i}")),
+    )
+    .with_options(options);
     Case {
         schema: schema.expect("at least one batch"),
         batches,
@@ -246,7 +249,7 @@ fn reference(case: &Case) -> Outcome {
                     .iter()
                     .map(|v| number(&col(v), r))
                     .collect(),
-                tombstone: case.spec.deletes.is_some()
+                tombstone: case.spec.options.deletes.is_some()
                     && display(&col("op"), r).as_deref() == Some("d"),
                 content: (
                     format!(
@@ -267,7 +270,7 @@ fn reference(case: &Case) -> Outcome {
             position += 1;
         }
     }
-    let last = case.spec.on_tie == TiePolicy::Last;
+    let last = case.spec.options.on_tie == TiePolicy::Last;
     rows.sort_by(|a, b| {
         a.key
             .cmp(&b.key)
@@ -280,6 +283,7 @@ fn reference(case: &Case) -> Outcome {
     });
     let keep_tombstones = case
         .spec
+        .options
         .deletes
         .as_ref()
         .is_some_and(|d| d.keep_tombstones);
@@ -413,13 +417,17 @@ fn tie_error_names_the_key() {
         ],
     )
     .expect("batch");
-    let spec = DedupSpec::new(["id"], ["lsn"]).with_on_tie(TiePolicy::Error);
+    let spec = DedupSpec::new(["id"], ["lsn"])
+        .with_options(DedupOptions::default().with_on_tie(TiePolicy::Error));
     let err = idem_core::dedup_batches(&schema, std::slice::from_ref(&batch), &spec)
         .expect_err("conflict");
     assert!(err.to_string().contains("id=b"), "{err}");
-    let (out, stats) =
-        idem_core::dedup_batches(&schema, &[batch], &spec.with_on_tie(TiePolicy::First))
-            .expect("first");
+    let (out, stats) = idem_core::dedup_batches(
+        &schema,
+        &[batch],
+        &spec.with_options(DedupOptions::default()),
+    )
+    .expect("first");
     assert_eq!(
         (
             out.iter().map(RecordBatch::num_rows).sum::<usize>(),

@@ -275,9 +275,9 @@ impl DisplayAs for DedupExec {
             "DedupExec: key=[{}], version=[{}], on_tie={}",
             self.spec.keys.join(", "),
             self.spec.versions.join(", "),
-            self.spec.on_tie
+            self.spec.options.on_tie
         )?;
-        if let Some(deletes) = &self.spec.deletes {
+        if let Some(deletes) = &self.spec.options.deletes {
             write!(
                 f,
                 ", op={} deletes=[{}]{}",

@@ -53,8 +53,8 @@ use std::sync::Arc;
 use datafusion::prelude::SessionContext;
 
 pub use exec::{DedupExec, POSITION_COLUMN, PositionExec};
-pub use idem_core::{DedupSpec, DeletePolicy, TiePolicy};
-pub use provider::{DataFrameDedupExt, DedupOptions, DedupTable};
+pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
+pub use provider::{DataFrameDedupExt, DedupTable};
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};
 
 /// Registers idem's SQL surface in `ctx`: the `dedup` table function.

@@ -17,47 +17,9 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
-use idem_core::{DedupSpec, DeletePolicy, TiePolicy};
+use idem_core::{DedupOptions, DedupSpec};
 
 use crate::exec::{DedupExec, PositionExec};
-
-/// Tie and delete policies of a dedup (the key and version columns are given apart).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DedupOptions {
-    /// Which row wins a tie at the maximum version.
-    pub on_tie: TiePolicy,
-    /// Which rows are deletes; `None`: none.
-    pub deletes: Option<DeletePolicy>,
-}
-
-impl DedupOptions {
-    /// Sets the tie policy.
-    #[must_use]
-    pub fn with_on_tie(mut self, on_tie: TiePolicy) -> Self {
-        self.on_tie = on_tie;
-        self
-    }
-
-    /// Treats rows whose op column holds a delete value as tombstones.
-    #[must_use]
-    pub fn with_deletes(mut self, deletes: DeletePolicy) -> Self {
-        self.deletes = Some(deletes);
-        self
-    }
-
-    /// The full spec for the given key and version columns.
-    pub fn into_spec<K, V>(self, keys: K, versions: V) -> DedupSpec
-    where
-        K: IntoIterator,
-        K::Item: Into<String>,
-        V: IntoIterator,
-        V::Item: Into<String>,
-    {
-        let mut spec = DedupSpec::new(keys, versions).with_on_tie(self.on_tie);
-        spec.deletes = self.deletes;
-        spec
-    }
-}
 
 /// A table whose rows are `source`'s, one per key (see [`DedupSpec`]).
 ///
@@ -94,7 +56,7 @@ impl DedupTable {
             .keys
             .iter()
             .chain(&self.spec.versions)
-            .chain(self.spec.deletes.iter().map(|d| &d.op_column))
+            .chain(self.spec.options.deletes.iter().map(|d| &d.op_column))
     }
 }
 
@@ -220,7 +182,7 @@ impl DataFrameDedupExt for DataFrame {
         V::Item: Into<String>,
     {
         let state = self.clone().into_parts().0;
-        let spec = options.into_spec(keys, versions);
+        let spec = DedupSpec::new(keys, versions).with_options(options);
         let table = Arc::new(DedupTable::try_new(self.into_view(), spec)?);
         let plan = LogicalPlanBuilder::scan("dedup", provider_as_source(table), None)?.build()?;
         Ok(DataFrame::new(state, plan))

@@ -22,9 +22,9 @@ use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
 };
 use datafusion::logical_expr::Expr;
-use idem_core::{DeletePolicy, TiePolicy};
+use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 
-use crate::provider::{DedupOptions, DedupTable};
+use crate::provider::DedupTable;
 
 /// Implements `dedup(...)`; registered by [`crate::register`].
 #[derive(Debug, Default)]
@@ -184,7 +184,7 @@ impl TableFunctionImpl for DedupTableFunc {
         let table = resolve_source(args.session(), &source)?;
         Ok(Arc::new(DedupTable::try_new(
             table,
-            options.into_spec(keys, versions),
+            DedupSpec::new(keys, versions).with_options(options),
         )?))
     }
 }

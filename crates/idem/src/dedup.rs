@@ -118,7 +118,7 @@ impl DedupReport {
             duplicate_rate: stats.duplicate_rate(),
             key: job.spec.keys.clone(),
             version: job.spec.versions.clone(),
-            on_tie: job.spec.on_tie.to_string(),
+            on_tie: job.spec.options.on_tie.to_string(),
             output: job.output.display().to_string(),
             output_files: Vec::new(),
             inputs: files
@@ -151,7 +151,13 @@ fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
         .iter()
         .map(|k| (k, "key"))
         .chain(job.spec.versions.iter().map(|v| (v, "version")))
-        .chain(job.spec.deletes.iter().map(|d| (&d.op_column, "op")));
+        .chain(
+            job.spec
+                .options
+                .deletes
+                .iter()
+                .map(|d| (&d.op_column, "op")),
+        );
     for (column, role) in required {
         for file in &files {
             if file.schema().field_with_name(column).is_err() {
@@ -179,7 +185,7 @@ fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
         .keys
         .iter()
         .chain(&spec.versions)
-        .chain(spec.deletes.iter().map(|d| &d.op_column))
+        .chain(spec.options.deletes.iter().map(|d| &d.op_column))
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
     indices.sort_unstable();
