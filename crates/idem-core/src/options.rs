@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// What to do when several rows share a key and its maximum version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum TiePolicy {
     /// The first such row in input order is kept.
     #[default]
@@ -42,7 +42,7 @@ impl fmt::Display for TiePolicy {
 }
 
 /// Which rows are deletes (tombstones) and whether winning tombstones are written out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DeletePolicy {
     /// The op column (e.g. Debezium's `op`), read as text whatever its type.
     pub op_column: String,
@@ -65,7 +65,7 @@ impl DeletePolicy {
 
 /// The policies of a dedup: how ties resolve and which rows are deletes. Shared by every
 /// front end (CLI, DataFusion operator, table function) so that they cannot disagree.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DedupOptions {
     /// Resolution of ties at a key's maximum version.
     pub on_tie: TiePolicy,
@@ -90,7 +90,7 @@ impl DedupOptions {
 }
 
 /// What one dedup does: the key and version columns, and the policies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DedupSpec {
     /// Key columns: rows with equal values in all of them are one key (nulls equal).
     pub keys: Vec<String>,
@@ -124,10 +124,47 @@ impl DedupSpec {
         }
     }
 
+    /// Every column the dedup reads to decide which row wins: keys, versions, the op
+    /// column. Whatever else a query selects, these must be scanned.
+    pub fn decision_columns(&self) -> impl Iterator<Item = &String> {
+        self.keys
+            .iter()
+            .chain(&self.versions)
+            .chain(self.options.deletes.iter().map(|d| &d.op_column))
+    }
+
     /// Sets the policies.
     #[must_use]
     pub fn with_options(mut self, options: DedupOptions) -> Self {
         self.options = options;
         self
+    }
+}
+
+/// `key=[a, b], version=[lsn], on_tie=first[, op=op deletes=[d] keep_tombstones]`: how
+/// plans (EXPLAIN) and reports show a dedup.
+impl fmt::Display for DedupSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "key=[{}], version=[{}], on_tie={}",
+            self.keys.join(", "),
+            self.versions.join(", "),
+            self.options.on_tie
+        )?;
+        if let Some(deletes) = &self.options.deletes {
+            write!(
+                f,
+                ", op={} deletes=[{}]{}",
+                deletes.op_column,
+                deletes.delete_values.join(", "),
+                if deletes.keep_tombstones {
+                    " keep_tombstones"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        Ok(())
     }
 }

@@ -38,10 +38,11 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
-    ExecutionPlanProperties, PlanProperties, ReplaceChildrenOptions,
+    ExecutionPlanProperties, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use idem_core::key::KeyLayout;
@@ -183,6 +184,33 @@ impl ExecutionPlan for PositionExec {
     }
 }
 
+/// The physical plan of a dedup over `input`: [`PositionExec`], a hash repartition on the
+/// key into `partitions`, then [`DedupExec`]. Its schema is `input`'s.
+///
+/// # Errors
+/// A missing column, or a key / version type idem cannot use.
+pub fn plan_dedup(
+    input: Arc<dyn ExecutionPlan>,
+    spec: DedupSpec,
+    partitions: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(input)?);
+    let keys = key_columns(&spec, &positioned.schema())?;
+    let repartitioned = Arc::new(RepartitionExec::try_new(
+        positioned,
+        Partitioning::Hash(keys, partitions.max(1)),
+    )?);
+    Ok(Arc::new(DedupExec::try_new(repartitioned, spec)?))
+}
+
+/// The spec's key columns as physical expressions over `schema`.
+fn key_columns(spec: &DedupSpec, schema: &Schema) -> Result<Vec<Arc<dyn PhysicalExpr>>> {
+    spec.keys
+        .iter()
+        .map(|k| Ok(Arc::new(Column::new_with_schema(k, schema)?) as Arc<dyn PhysicalExpr>))
+        .collect()
+}
+
 /// Keeps, per key, the row with the maximum version (idem's semantics: nulls, ties,
 /// deletes, conflicts), over an input hash-partitioned on the key and carrying
 /// [`POSITION_COLUMN`]. Its output drops that column.
@@ -217,32 +245,14 @@ impl DedupExec {
         ));
         // Validates key and version columns up front, so errors surface at planning.
         idem_core::KeepMaxTable::try_new(&schema, &spec).map_err(to_df)?;
-        let keys = spec
-            .keys
-            .iter()
-            .map(|k| {
-                Ok(Arc::new(Column::new_with_schema(k, &input_schema)?) as Arc<dyn PhysicalExpr>)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let keys = key_columns(&spec, &input_schema)?;
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
             // Same hash partitioning of the key columns, minus the position column: the
             // key expressions keep their names, so re-express them on the output schema.
             match input.output_partitioning() {
-                datafusion::physical_plan::Partitioning::Hash(_, n) => {
-                    let out_keys = spec
-                        .keys
-                        .iter()
-                        .map(|k| {
-                            Ok(Arc::new(Column::new_with_schema(k, &schema)?)
-                                as Arc<dyn PhysicalExpr>)
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    datafusion::physical_plan::Partitioning::Hash(out_keys, *n)
-                }
-                other => datafusion::physical_plan::Partitioning::UnknownPartitioning(
-                    other.partition_count(),
-                ),
+                Partitioning::Hash(_, n) => Partitioning::Hash(key_columns(&spec, &schema)?, *n),
+                other => Partitioning::UnknownPartitioning(other.partition_count()),
             },
             EmissionType::Final,
             Boundedness::Bounded,
@@ -270,27 +280,7 @@ impl DedupExec {
 
 impl DisplayAs for DedupExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "DedupExec: key=[{}], version=[{}], on_tie={}",
-            self.spec.keys.join(", "),
-            self.spec.versions.join(", "),
-            self.spec.options.on_tie
-        )?;
-        if let Some(deletes) = &self.spec.options.deletes {
-            write!(
-                f,
-                ", op={} deletes=[{}]{}",
-                deletes.op_column,
-                deletes.delete_values.join(", "),
-                if deletes.keep_tombstones {
-                    " keep_tombstones"
-                } else {
-                    ""
-                }
-            )?;
-        }
-        Ok(())
+        write!(f, "DedupExec: {}", self.spec)
     }
 }
 

@@ -6,11 +6,13 @@
 //! * [`DedupExec`]: the physical operator. Its input is hash-partitioned on the key, so
 //!   partitions dedup independently on every core; it registers with the memory pool and
 //!   spills hash-partitioned files through the disk manager when the pool says no.
-//! * [`DedupTable`]: any table, deduplicated; filters on key columns are pushed below.
+//! * [`Dedup`]: the logical plan node, planned by [`DedupPlanner`]; DataFusion's optimizer
+//!   pushes projections through it, and filters on key columns below it.
+//! * [`DedupTable`]: any table, deduplicated (a view whose plan is a [`Dedup`] node).
 //! * [`DataFrameDedupExt::dedup`]: `df.dedup(["event_id", "sequence"], ["lsn"], options)`.
 //! * [`DedupTableFunc`]: the SQL table function `dedup(source, keys, versions [, options])`.
 //!
-//! [`register`] installs the SQL surface in a [`SessionContext`].
+//! [`register`] installs all of it in a [`SessionContext`].
 //!
 //! ```
 //! # #[tokio::main(flavor = "multi_thread")]
@@ -45,6 +47,7 @@
 //! ```
 
 mod exec;
+mod logical;
 mod provider;
 mod table_function;
 
@@ -52,12 +55,22 @@ use std::sync::Arc;
 
 use datafusion::prelude::SessionContext;
 
-pub use exec::{DedupExec, POSITION_COLUMN, PositionExec};
+pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup};
 pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
+pub use logical::{Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner};
 pub use provider::{DataFrameDedupExt, DedupTable};
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};
 
-/// Registers idem's SQL surface in `ctx`: the `dedup` table function.
+/// Registers idem in `ctx`: the query planner that plans [`Dedup`] nodes (other queries
+/// still go to the planner `ctx` had) and the `dedup` table function.
+///
+/// A program that builds its own `SessionState` can instead add [`DedupPlanner`] to its
+/// extension planners, or pass the state through [`with_dedup_planner`].
 pub fn register(ctx: &SessionContext) {
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        *state = with_dedup_planner(state.clone());
+    }
     ctx.register_udtf("dedup", Arc::new(DedupTableFunc));
 }

@@ -1,6 +1,7 @@
 //! [`DedupTable`]: any table (or DataFrame), deduplicated — the provider behind the `dedup`
 //! table function and [`DataFrameDedupExt::dedup`].
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -10,16 +11,18 @@ use datafusion::common::{DFSchema, Result};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{TableType, provider_as_source};
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{Expr, LogicalPlanBuilder, TableProviderFilterPushDown};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use idem_core::{DedupOptions, DedupSpec};
 
-use crate::exec::{DedupExec, PositionExec};
+use crate::exec::plan_dedup;
+use crate::logical::{Dedup, with_dedup_planner};
 
 /// A table whose rows are `source`'s, one per key (see [`DedupSpec`]).
 ///
@@ -30,6 +33,8 @@ use crate::exec::{DedupExec, PositionExec};
 pub struct DedupTable {
     source: Arc<dyn TableProvider>,
     spec: DedupSpec,
+    /// `Dedup` over a scan of `source`: SQL inlines it, so the plan shows the node.
+    plan: LogicalPlan,
 }
 
 impl DedupTable {
@@ -38,9 +43,11 @@ impl DedupTable {
     /// # Errors
     /// A key, version or op column missing from the source, or of an unusable type.
     pub fn try_new(source: Arc<dyn TableProvider>, spec: DedupSpec) -> Result<Self> {
-        idem_core::KeepMaxTable::try_new(&source.schema(), &spec)
-            .map_err(|e| datafusion::error::DataFusionError::Plan(e.to_string()))?;
-        Ok(Self { source, spec })
+        let scan =
+            LogicalPlanBuilder::scan("source", provider_as_source(Arc::clone(&source)), None)?
+                .build()?;
+        let plan = Dedup::try_new(scan, spec.clone())?.into_plan();
+        Ok(Self { source, spec, plan })
     }
 
     /// Whether `expr` reads only key columns.
@@ -48,15 +55,6 @@ impl DedupTable {
         expr.column_refs()
             .iter()
             .all(|c| self.spec.keys.contains(&c.name))
-    }
-
-    /// Columns the dedup itself reads.
-    fn required_columns(&self) -> impl Iterator<Item = &String> {
-        self.spec
-            .keys
-            .iter()
-            .chain(&self.spec.versions)
-            .chain(self.spec.options.deletes.iter().map(|d| &d.op_column))
     }
 }
 
@@ -68,6 +66,10 @@ impl TableProvider for DedupTable {
 
     fn table_type(&self) -> TableType {
         TableType::View
+    }
+
+    fn get_logical_plan(&self) -> Option<Cow<'_, LogicalPlan>> {
+        Some(Cow::Borrowed(&self.plan))
     }
 
     fn supports_filters_pushdown(
@@ -99,7 +101,7 @@ impl TableProvider for DedupTable {
             Some(p) => p.clone(),
             None => (0..schema.fields().len()).collect(),
         };
-        for name in self.required_columns() {
+        for name in self.spec.decision_columns() {
             let index = schema.index_of(name)?;
             if !read.contains(&index) {
                 read.push(index);
@@ -121,23 +123,7 @@ impl TableProvider for DedupTable {
             let predicate = state.create_physical_expr(predicate, &df_schema)?;
             input = Arc::new(FilterExec::try_new(predicate, input)?);
         }
-        let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(input)?);
-        let keys = self
-            .spec
-            .keys
-            .iter()
-            .map(|k| {
-                Ok(Arc::new(Column::new_with_schema(k, &positioned.schema())?)
-                    as Arc<dyn PhysicalExpr>)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let partitions = state.config().target_partitions().max(1);
-        let repartitioned = Arc::new(RepartitionExec::try_new(
-            positioned,
-            Partitioning::Hash(keys, partitions),
-        )?);
-        let dedup: Arc<dyn ExecutionPlan> =
-            Arc::new(DedupExec::try_new(repartitioned, self.spec.clone())?);
+        let dedup = plan_dedup(input, self.spec.clone(), state.config().target_partitions())?;
         // Back to exactly the requested columns, in the requested order.
         let wanted: Vec<usize> = match projection {
             Some(p) => p.clone(),
@@ -181,10 +167,9 @@ impl DataFrameDedupExt for DataFrame {
         V: IntoIterator,
         V::Item: Into<String>,
     {
-        let state = self.clone().into_parts().0;
+        let (state, plan) = self.into_parts();
         let spec = DedupSpec::new(keys, versions).with_options(options);
-        let table = Arc::new(DedupTable::try_new(self.into_view(), spec)?);
-        let plan = LogicalPlanBuilder::scan("dedup", provider_as_source(table), None)?.build()?;
-        Ok(DataFrame::new(state, plan))
+        let node = Dedup::try_new(plan, spec)?;
+        Ok(DataFrame::new(with_dedup_planner(state), node.into_plan()))
     }
 }

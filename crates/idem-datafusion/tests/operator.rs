@@ -269,6 +269,59 @@ async fn key_filters_go_below_the_dedup_and_others_stay_above() {
     assert_eq!(sorted(filtered).await, sorted(after).await);
 }
 
+/// `df.dedup(...)` puts a `Dedup` node in the logical plan, DataFusion prunes the columns
+/// nobody reads through it, and it plans in a context where `register` was never called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dataframe_dedup_is_a_logical_node_with_projection_pushdown() {
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let (schema, data) = events(6, 2000, 2);
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+        .expect("register");
+    let deduped = ctx
+        .table("t")
+        .await
+        .expect("table")
+        .dedup(["k", "s"], ["v"], DedupOptions::default())
+        .expect("dedup")
+        .select_columns(&["k", "payload"])
+        .expect("select");
+    let optimized = deduped
+        .clone()
+        .into_optimized_plan()
+        .expect("optimize")
+        .display_indent()
+        .to_string();
+    assert!(
+        optimized.contains("Dedup: key=[k, s], version=[v]"),
+        "{optimized}"
+    );
+    assert!(
+        optimized.contains("TableScan: t projection=[k, s, v, payload]"),
+        "only the selected, key and version columns are scanned:\n{optimized}"
+    );
+    let rows: usize = deduped
+        .collect()
+        .await
+        .expect("collect")
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum();
+    let expected = ctx
+        .sql("SELECT count(*) FROM (SELECT DISTINCT k, s FROM t)")
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("collect");
+    let expected = pretty_format_batches(&expected)
+        .expect("format")
+        .to_string();
+    assert!(
+        expected.contains(&format!("| {rows} ")),
+        "{rows} rows vs\n{expected}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_function_options_files_and_errors() {
     let ctx = context(2);

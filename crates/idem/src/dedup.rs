@@ -182,10 +182,7 @@ fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
 /// The columns pass 1 reads, each once, in schema order.
 fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
     let mut indices: Vec<usize> = spec
-        .keys
-        .iter()
-        .chain(&spec.versions)
-        .chain(spec.options.deletes.iter().map(|d| &d.op_column))
+        .decision_columns()
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
     indices.sort_unstable();
