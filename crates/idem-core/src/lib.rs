@@ -28,12 +28,14 @@
 //!          full rows at tie_rows ──▶ TieCheck::observe ──▶ conflicts
 //! ```
 //!
-//! [`dedup_batches`] runs the whole flow on batches already in memory.
+//! [`dedup_batches`] runs the whole flow on batches already in memory. [`PickByVersion`]
+//! is the same ordering per group, for the `max_by` / `min_by` aggregates.
 
 pub mod interner;
 pub mod key;
 mod memory;
 mod options;
+mod pick;
 pub mod rng;
 mod stats;
 mod table;
@@ -42,6 +44,7 @@ pub mod version;
 
 pub use memory::dedup_batches;
 pub use options::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
+pub use pick::{Pick, PickByVersion, as_encoded_versions};
 pub use stats::DedupStats;
 pub use table::{KeepMaxTable, Resolution, TieRow};
 pub use ties::{TieCheck, describe_row};

@@ -11,6 +11,8 @@
 //! * [`DedupTable`]: any table, deduplicated (a view whose plan is a [`Dedup`] node).
 //! * [`DataFrameDedupExt::dedup`]: `df.dedup(["event_id", "sequence"], ["lsn"], options)`.
 //! * [`DedupTableFunc`]: the SQL table function `dedup(source, keys, versions [, options])`.
+//! * [`max_by_udaf`] / [`min_by_udaf`]: `max_by(value, version)` and `min_by`, vectorised
+//!   aggregates for "latest value per group" without a dedup.
 //!
 //! [`register`] installs all of it in a [`SessionContext`].
 //!
@@ -42,6 +44,14 @@
 //!     .count()
 //!     .await?;
 //! assert_eq!(latest, 2);
+//!
+//! // The latest value per group, as an aggregate.
+//! let statuses = ctx
+//!     .sql("SELECT event_id, max_by(status, lsn) AS status FROM events GROUP BY event_id")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! assert_eq!(statuses.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
 //! # Ok(())
 //! # }
 //! ```
@@ -50,6 +60,7 @@ mod exec;
 mod logical;
 mod provider;
 mod table_function;
+mod udaf;
 
 use std::sync::Arc;
 
@@ -60,9 +71,11 @@ pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use logical::{Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner};
 pub use provider::{DataFrameDedupExt, DedupTable};
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};
+pub use udaf::{PickBy, max_by_udaf, min_by_udaf};
 
 /// Registers idem in `ctx`: the query planner that plans [`Dedup`] nodes (other queries
-/// still go to the planner `ctx` had) and the `dedup` table function.
+/// still go to the planner `ctx` had), the `dedup` table function and the `max_by` /
+/// `min_by` aggregates.
 ///
 /// A program that builds its own `SessionState` can instead add [`DedupPlanner`] to its
 /// extension planners, or pass the state through [`with_dedup_planner`].
@@ -73,4 +86,6 @@ pub fn register(ctx: &SessionContext) {
         *state = with_dedup_planner(state.clone());
     }
     ctx.register_udtf("dedup", Arc::new(DedupTableFunc));
+    ctx.register_udaf(max_by_udaf());
+    ctx.register_udaf(min_by_udaf());
 }

@@ -1,6 +1,6 @@
 //! `DedupExec` through DataFusion: equality with the `ROW_NUMBER()` formulation on random
 //! data for several partition counts, determinism, spilling under a tiny memory pool,
-//! filter placement, and the `dedup` table function.
+//! filter placement, the `dedup` table function, and `max_by` against the same reference.
 
 use std::sync::Arc;
 
@@ -94,6 +94,18 @@ async fn sorted(df: DataFrame) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// `sql`'s result as a printed table.
+async fn query_text(ctx: &SessionContext, sql: &str) -> String {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("collect");
+    pretty_format_batches(&batches).expect("format").to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,19 +344,7 @@ async fn table_function_options_files_and_errors() {
     )
     .await
     .expect("create");
-    let rows = |sql: &'static str| {
-        let ctx = ctx.clone();
-        async move {
-            let batches = ctx
-                .sql(sql)
-                .await
-                .expect("sql")
-                .collect()
-                .await
-                .expect("collect");
-            pretty_format_batches(&batches).expect("format").to_string()
-        }
-    };
+    let rows = |sql: &'static str| query_text(&ctx, sql);
     let out = rows(
         "SELECT id, status FROM dedup('cdc', 'id', 'lsn', 'op=op, delete_values=DEL') ORDER BY id",
     )
@@ -413,4 +413,50 @@ async fn table_function_options_files_and_errors() {
             .to_string()
             .contains("| 3 |")
     );
+}
+
+/// `max_by(payload, v)` per group equals the `ROW_NUMBER()` formulation (ties to the
+/// greater payload, null versions skipped) through every aggregation path DataFusion
+/// takes: one partition, partial + final with merged states, and the path that skips
+/// partial aggregation and converts rows straight to states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_by_equals_row_number_on_every_aggregation_path() {
+    for (seed, target_partitions, skip_partial) in [(7, 1, false), (8, 2, false), (9, 8, true)] {
+        let mut config = SessionConfig::new().with_target_partitions(target_partitions);
+        if skip_partial {
+            let options = config.options_mut();
+            options
+                .execution
+                .skip_partial_aggregation_probe_rows_threshold = 10;
+            options
+                .execution
+                .skip_partial_aggregation_probe_ratio_threshold = 0.0;
+        }
+        let ctx = SessionContext::new_with_config(config);
+        idem_datafusion::register(&ctx);
+        let (schema, data) = events(seed, 4000, 3);
+        ctx.register_table("t", Arc::new(MemTable::try_new(schema, data).expect("mem")))
+            .expect("register");
+        let rows = |sql: &'static str| query_text(&ctx, sql);
+        let ours = rows(
+            "SELECT k, s, max_by(payload, v) AS latest, min_by(payload, v) AS earliest FROM t
+             GROUP BY k, s HAVING max_by(payload, v) IS NOT NULL ORDER BY k, s",
+        )
+        .await;
+        let reference = rows(
+            "SELECT k, s, max(CASE WHEN hi = 1 THEN payload END) AS latest,
+                    max(CASE WHEN lo = 1 THEN payload END) AS earliest FROM (
+               SELECT *,
+                 row_number() OVER (PARTITION BY k, s ORDER BY v DESC, payload DESC) AS hi,
+                 row_number() OVER (PARTITION BY k, s ORDER BY v ASC, payload ASC) AS lo
+               FROM t WHERE v IS NOT NULL
+             ) GROUP BY k, s ORDER BY k, s",
+        )
+        .await;
+        assert!(ours.lines().count() > 100, "a real result");
+        assert_eq!(
+            ours, reference,
+            "seed {seed}, {target_partitions} partitions"
+        );
+    }
 }
