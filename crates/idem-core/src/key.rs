@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::buffer::{Buffer, NullBuffer};
 use arrow::compute::{CastOptions, cast_with_options};
-use arrow::datatypes::{DataType, Field};
+use arrow::datatypes::{DataType, Field, Schema};
 use arrow::error::ArrowError;
 use twox_hash::XxHash3_64;
 
@@ -450,6 +450,72 @@ impl KeyRows {
     #[inline]
     pub fn row(&self, row: usize) -> &[u8] {
         &self.data[self.offsets[row]..self.offsets[row + 1]]
+    }
+}
+
+/// Sends every row to one of N partitions by the hash of its key, so that a dedup too big
+/// for memory can run one partition at a time (a key lives in exactly one partition).
+#[derive(Debug)]
+pub struct KeyRouter {
+    layout: KeyLayout,
+    hashes: Vec<u64>,
+}
+
+impl KeyRouter {
+    /// A router for the key columns `keys` of `schema`.
+    ///
+    /// # Errors
+    /// A key column missing or of a type that cannot be a key.
+    pub fn try_new(schema: &Schema, keys: &[String]) -> Result<Self, ArrowError> {
+        let fields: Vec<Field> = keys
+            .iter()
+            .map(|k| {
+                schema
+                    .field_with_name(k)
+                    .cloned()
+                    .map_err(|_| ArrowError::SchemaError(format!("key column '{k}' not found")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            layout: KeyLayout::try_new(&fields)?,
+            hashes: Vec::new(),
+        })
+    }
+
+    /// The partition (`0..partitions`) of every row of `batch`, into `out`.
+    ///
+    /// The partition comes from hash bits 24..56: the key tables index buckets with the low
+    /// bits and tag them with the top 7, which must both stay well spread inside a
+    /// partition.
+    ///
+    /// # Errors
+    /// A key column missing from `batch` or of another type than the schema's.
+    pub fn route(
+        &mut self,
+        batch: &RecordBatch,
+        partitions: u32,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ArrowError> {
+        let columns: Vec<ArrayRef> =
+            self.layout
+                .names()
+                .iter()
+                .map(|k| {
+                    batch.column_by_name(k).cloned().ok_or_else(|| {
+                        ArrowError::SchemaError(format!("key column '{k}' not found"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        let keys = self.layout.canonicalise(&columns)?;
+        keys.hash_rows(&mut self.hashes);
+        let partitions = u64::from(partitions.max(1));
+        out.clear();
+        out.extend(
+            self.hashes
+                .iter()
+                .map(|h| (((h >> 24) & 0xffff_ffff) % partitions) as u32),
+        );
+        Ok(())
     }
 }
 

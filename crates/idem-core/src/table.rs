@@ -16,7 +16,7 @@
 //! ordinals across all batches, so the caller can fetch the winning rows afterwards
 //! (late materialisation) and emit them in input order.
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt64Array};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::error::ArrowError;
@@ -139,7 +139,7 @@ impl KeepMaxTable {
         self
     }
 
-    /// Rows consumed so far; the next row's position.
+    /// Rows consumed so far; the next row's position under [`Self::update`].
     pub fn rows_in(&self) -> u64 {
         self.rows_in
     }
@@ -167,6 +167,38 @@ impl KeepMaxTable {
     /// A missing column, a column whose type changed since the first batch, or a version
     /// value that cannot be read (e.g. malformed pg_lsn text).
     pub fn update(&mut self, batch: &RecordBatch) -> Result<(), ArrowError> {
+        let first = self.rows_in;
+        self.consume(batch, |row| first + row as u64)
+    }
+
+    /// Consumes one batch whose rows sit at `positions` of the input (ascending, as the
+    /// rows of a key-partitioned spill file do): the winners and tie rows report those
+    /// positions, so the rows can be fetched from the original input afterwards.
+    ///
+    /// # Errors
+    /// As [`Self::update`], or `positions` of another length than the batch.
+    pub fn update_at(
+        &mut self,
+        batch: &RecordBatch,
+        positions: &UInt64Array,
+    ) -> Result<(), ArrowError> {
+        if positions.len() != batch.num_rows() || positions.null_count() > 0 {
+            return Err(ArrowError::InvalidArgumentError(format!(
+                "{} positions (with {} nulls) for {} rows",
+                positions.len(),
+                positions.null_count(),
+                batch.num_rows()
+            )));
+        }
+        let positions = positions.values();
+        self.consume(batch, |row| positions[row])
+    }
+
+    fn consume(
+        &mut self,
+        batch: &RecordBatch,
+        position_of: impl Fn(usize) -> u64,
+    ) -> Result<(), ArrowError> {
         let num_rows = batch.num_rows();
         let key_columns: Vec<ArrayRef> = self
             .spec
@@ -202,7 +234,7 @@ impl KeepMaxTable {
         let width = self.versions.width();
         let last_wins = self.spec.options.on_tie == TiePolicy::Last;
         for (row, &slot) in scratch.slots.iter().enumerate() {
-            let position = self.rows_in + row as u64;
+            let position = position_of(row);
             let incoming = &scratch.versions[row * width..(row + 1) * width];
             let tombstone = scratch.tombstones[row];
             let s = slot as usize;

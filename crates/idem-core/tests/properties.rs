@@ -14,6 +14,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
+use idem_core::key::KeyRouter;
 use idem_core::rng::SplitMix64;
 use idem_core::{
     DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, TieCheck, TiePolicy, parse_pg_lsn,
@@ -323,10 +324,13 @@ fn kernel(case: &Case, generic_keys: bool) -> Outcome {
     for batch in &case.batches {
         table.update(batch).expect("update");
     }
-    let resolution = table.finish();
+    outcome(case, table.finish())
+}
+
+/// Compares the resolution's tie rows by content, batch by batch as a file reader would.
+fn outcome(case: &Case, resolution: idem_core::Resolution) -> Outcome {
     let mut check =
         TieCheck::try_new(&case.schema, &case.spec, resolution.tie_groups).expect("check");
-    // Feed the tie rows batch by batch, as a file reader would.
     let mut offset = 0u64;
     for batch in &case.batches {
         let end = offset + batch.num_rows() as u64;
@@ -352,6 +356,45 @@ fn kernel(case: &Case, generic_keys: bool) -> Outcome {
         conflicts: check.conflicts(),
         null_keys: stats.null_keys,
     }
+}
+
+/// The kernel one key partition at a time, as a memory-limited run does: rows routed by
+/// key hash, each partition's table fed its rows with their original positions.
+fn partitioned_kernel(case: &Case, partitions: u32) -> Outcome {
+    let mut router = KeyRouter::try_new(&case.schema, &case.spec.keys).expect("router");
+    let mut routed: Vec<Vec<(RecordBatch, UInt64Array)>> = vec![Vec::new(); partitions as usize];
+    let mut offset = 0u64;
+    let mut parts = Vec::new();
+    for batch in &case.batches {
+        router.route(batch, partitions, &mut parts).expect("route");
+        for (p, rows) in routed.iter_mut().enumerate() {
+            let mine: Vec<u64> = (0..batch.num_rows() as u64)
+                .filter(|&r| parts[r as usize] == p as u32)
+                .collect();
+            let positions = UInt64Array::from(mine.iter().map(|r| r + offset).collect::<Vec<_>>());
+            let taken =
+                arrow::compute::take_record_batch(batch, &UInt64Array::from(mine)).expect("take");
+            rows.push((taken, positions));
+        }
+        offset += batch.num_rows() as u64;
+    }
+    let mut total = Outcome::default();
+    for rows in routed {
+        let mut table = KeepMaxTable::try_new(&case.schema, &case.spec).expect("table");
+        for (batch, positions) in &rows {
+            table.update_at(batch, positions).expect("update");
+        }
+        let part = outcome(case, table.finish());
+        total.keep.extend(part.keep);
+        total.rows_out += part.rows_out;
+        total.duplicates += part.duplicates;
+        total.superseded += part.superseded;
+        total.deleted += part.deleted;
+        total.conflicts += part.conflicts;
+        total.null_keys += part.null_keys;
+    }
+    total.keep.sort_unstable();
+    total
 }
 
 /// The case's batches cast to its first batch's schema (layouts differ from batch to batch).
@@ -387,6 +430,13 @@ fn kernel_matches_reference_on_random_batches() {
                 case.spec
             );
         }
+        let partitions = 1 + (seed % 5) as u32;
+        assert_eq!(
+            partitioned_kernel(&case, partitions),
+            expected,
+            "seed {seed}, {partitions} key partitions, spec {:?}",
+            case.spec
+        );
         // The in-memory pipeline gathers exactly the winning rows, in input order.
         let conformed = conform_batches(&case);
         let (out, stats) =
