@@ -47,6 +47,9 @@ struct SqlArgs {
     /// Rows per part file when the output is a directory.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROWS_PER_FILE)]
     max_rows_per_file: usize,
+    /// Memory pool for the query's operators, e.g. 2GiB; they spill to disk beyond it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -99,6 +102,11 @@ struct DedupArgs {
     /// Rows per part file when the output is a directory.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROWS_PER_FILE)]
     max_rows_per_file: usize,
+    /// Memory the dedup's state may use, e.g. 2GiB, 512MiB, 1G, 100000000. Beyond it
+    /// the decision pass runs one key partition at a time through temporary spill files
+    /// ($TMPDIR); the output is the same. Decode and encode buffers come on top.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<u64>,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -218,6 +226,7 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
         output: args.output,
         spec,
         max_rows_per_file: args.max_rows_per_file,
+        memory_limit: args.memory_limit,
     };
     let bar = Bar::new(args.quiet);
     let result = idem::run_dedup(&job, &bar);
@@ -238,8 +247,13 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
 }
 
 fn sql(args: SqlArgs) -> Result<(), String> {
-    let output = idem::run_sql(&args.query, args.output.as_deref(), args.max_rows_per_file)
-        .map_err(|e| error_chain(&e))?;
+    let output = idem::run_sql(
+        &args.query,
+        args.output.as_deref(),
+        args.max_rows_per_file,
+        args.memory_limit,
+    )
+    .map_err(|e| error_chain(&e))?;
     match output {
         idem::SqlOutput::Rows(batches) => {
             print_stdout(&idem::format_table(&batches).map_err(|e| error_chain(&e))?)
@@ -279,6 +293,40 @@ fn generate(args: GenerateArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Parses a byte size: a number with an optional unit, binary (KiB, MiB, GiB, TiB) or
+/// decimal (KB, MB, GB, TB; K, M, G, T), e.g. `2GiB`, `512MiB`, `1.5G`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (e.g. 2GiB, 512MiB, 1G)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' (KiB, MiB, GiB, KB, MB, GB)"
+            ));
+        }
+    };
+    let bytes = number * scale as f64;
+    if !(1.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("'{text}' is not a usable size"));
+    }
+    Ok(bytes as u64)
+}
+
 /// The error and its causes on one line.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut message = error.to_string();
@@ -307,5 +355,22 @@ fn main() -> ExitCode {
             eprintln!("idem: error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_size("100000"), Ok(100_000));
+        assert_eq!(parse_size(" 64 kb "), Ok(64_000));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("0").is_err());
     }
 }

@@ -161,6 +161,76 @@ fn running_twice_changes_nothing_and_output_is_deterministic() {
     );
 }
 
+/// A memory limit far below what the keep-max table needs makes pass 1 run in key
+/// partitions through spill files; the output is byte-identical and the counts equal.
+#[test]
+fn a_memory_limit_spills_by_key_partition_with_identical_output() {
+    let dir = TempDir::new().expect("tmp");
+    let input = dir.path().join("in");
+    let generated = idem()
+        .args([
+            "generate",
+            "-o",
+            p(&input),
+            "--rows",
+            "120000",
+            "--files",
+            "3",
+        ])
+        .args(["--seed", "11", "--duplicate-rate", "0.3"])
+        .output()
+        .expect("generate");
+    assert!(generated.status.success());
+    for on_tie in ["first", "last"] {
+        let free = dir.path().join(format!("free-{on_tie}.parquet"));
+        let limited = dir.path().join(format!("limited-{on_tie}.parquet"));
+        let common = ["--op", "op", "--on-tie", on_tie];
+        let free_stats = dedup_ok(&[&[p(&input), "-o", p(&free)][..], &common].concat());
+        let limited_stats = dedup_ok(
+            &[
+                &[p(&input), "-o", p(&limited), "--memory-limit", "1MiB"][..],
+                &common,
+            ]
+            .concat(),
+        );
+        assert_eq!(free_stats["key_partitions"], 1);
+        assert!(
+            limited_stats["key_partitions"].as_u64() > Some(1),
+            "{limited_stats}"
+        );
+        assert!(limited_stats["table_bytes"].as_u64() < Some(1 << 20));
+        assert_eq!(limited_stats["memory_limit"], 1 << 20);
+        for counter in [
+            "rows_in",
+            "rows_out",
+            "duplicates",
+            "superseded",
+            "deleted",
+            "conflicts",
+        ] {
+            assert_eq!(free_stats[counter], limited_stats[counter], "{counter}");
+        }
+        assert_eq!(
+            std::fs::read(&free).expect("free"),
+            std::fs::read(&limited).expect("limited"),
+            "on_tie {on_tie}"
+        );
+    }
+    // Spill files live in a temporary directory under $TMPDIR that is gone after the run.
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).expect("mkdir");
+    let run = idem()
+        .args(["dedup", p(&input), "-o", p(&dir.path().join("s.parquet"))])
+        .args(["--memory-limit", "1MiB", "-q"])
+        .env("TMPDIR", &spill)
+        .output()
+        .expect("run");
+    assert!(run.status.success());
+    assert_eq!(std::fs::read_dir(&spill).expect("spill dir").count(), 0);
+    let (_, stderr) = dedup_err(&[p(&input), "-o", "x.parquet", "--memory-limit", "lots"]);
+    assert!(stderr.contains("is not a size"), "{stderr}");
+}
+
 #[test]
 fn directory_output_has_parts_and_is_replaced_whole() {
     let dir = TempDir::new().expect("tmp");

@@ -41,3 +41,18 @@ impl DedupStats {
         self.rows_in == self.rows_out + self.duplicates + self.superseded + self.deleted
     }
 }
+
+/// Adds the counts of a disjoint part of the input (another key partition).
+impl std::ops::AddAssign for DedupStats {
+    fn add_assign(&mut self, other: Self) {
+        self.rows_in += other.rows_in;
+        self.rows_out += other.rows_out;
+        self.duplicates += other.duplicates;
+        self.superseded += other.superseded;
+        self.deleted += other.deleted;
+        self.conflicts += other.conflicts;
+        self.null_keys += other.null_keys;
+        self.distinct_keys += other.distinct_keys;
+        self.tombstones_kept += other.tombstones_kept;
+    }
+}

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!  pass 1  every file, key + version + op columns only ──▶ KeepMaxTable
+//!          (or, under --memory-limit, one key partition at a time: see `decide`)
 //!                                                            │ finish
 //!                      positions to keep, tie rows  ◀────────┘
 //!  pass 2  every file, all columns, only the selected rows (Parquet row selection)
@@ -13,15 +14,17 @@
 //! The table holds keys, versions and positions, never whole rows, so memory grows with
 //! the number of distinct keys rather than the width or length of the input.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{filter_record_batch, take_record_batch};
 use arrow::datatypes::SchemaRef;
-use idem_core::{DedupSpec, DedupStats, KeepMaxTable, TieCheck};
+use idem_core::{DedupSpec, DedupStats, TieCheck, TieRow};
 use serde::Serialize;
 
+use crate::decide::decide;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs};
 use crate::output::OutputWriter;
@@ -41,6 +44,9 @@ pub struct DedupJob {
     pub spec: DedupSpec,
     /// Rows per part file of a directory output.
     pub max_rows_per_file: usize,
+    /// Bytes the dedup's state may use (`--memory-limit`); beyond it, pass 1 runs one key
+    /// partition at a time through spill files. `None`: no limit.
+    pub memory_limit: Option<u64>,
 }
 
 impl DedupJob {
@@ -51,6 +57,7 @@ impl DedupJob {
             output: output.into(),
             spec: DedupSpec::default(),
             max_rows_per_file: DEFAULT_MAX_ROWS_PER_FILE,
+            memory_limit: None,
         }
     }
 }
@@ -102,6 +109,10 @@ pub struct DedupReport {
     pub inputs: Vec<FileRows>,
     /// Bytes held by the keep-max table at its largest.
     pub table_bytes: u64,
+    /// `--memory-limit` in bytes, if one was given.
+    pub memory_limit: Option<u64>,
+    /// Key partitions pass 1 ran in: 1 in memory, more when the limit made it spill.
+    pub key_partitions: u32,
     /// Wall time of the first pass (reading keys and versions, deciding winners).
     pub decide_seconds: f64,
     /// Wall time of the second pass (fetching winners, writing, committing).
@@ -129,6 +140,8 @@ impl DedupReport {
                 })
                 .collect(),
             table_bytes: 0,
+            memory_limit: job.memory_limit,
+            key_partitions: 1,
             decide_seconds: 0.0,
             write_seconds: 0.0,
             elapsed_seconds: 0.0,
@@ -179,17 +192,6 @@ fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
     Ok((files, schema))
 }
 
-/// The columns pass 1 reads, each once, in schema order.
-fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
-    let mut indices: Vec<usize> = spec
-        .decision_columns()
-        .filter_map(|c| schema.index_of(c).ok())
-        .collect();
-    indices.sort_unstable();
-    indices.dedup();
-    indices
-}
-
 /// Runs a dedup job. Nothing appears at the output path unless the whole job succeeds.
 ///
 /// # Errors
@@ -202,68 +204,39 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         .first()
         .map(|f| f.path().to_path_buf())
         .unwrap_or_default();
-    let total_rows: u64 = files.iter().map(InputFile::num_rows).sum();
 
     // Pass 1: decide.
-    let mut table = KeepMaxTable::try_new(&schema, &job.spec).map_err(Error::arrow(&first_path))?;
-    let decision_schema = std::sync::Arc::new(
-        schema
-            .project(&decision_columns(&job.spec, &schema))
-            .map_err(Error::arrow(&first_path))?,
-    );
-    let names: Vec<&str> = decision_schema
-        .fields()
-        .iter()
-        .map(|f| f.name().as_str())
-        .collect();
-    progress.phase("deciding", total_rows);
     let decide_started = Instant::now();
-    // Decoding runs on a second thread while this one hashes and probes.
-    pipeline(
-        |send| {
-            for file in &files {
-                let batches = match file.read_columns(&names) {
-                    Ok(batches) => batches,
-                    Err(e) => {
-                        send(Err(e));
-                        return;
-                    }
-                };
-                for batch in batches {
-                    let item = batch.and_then(|b| conform(&b, &decision_schema, true, file.path()));
-                    if !send(item.map(|b| (file.path(), b))) {
-                        return;
-                    }
-                }
-            }
-        },
-        |(path, batch)| {
-            table.update(&batch).map_err(Error::arrow(path))?;
-            progress.advance(batch.num_rows() as u64);
-            Ok(())
-        },
-    )?;
-    let table_bytes = table.size() as u64;
-    let resolution = table.finish();
+    let mut decision = decide(&job.spec, &files, &schema, job.memory_limit, progress)?;
     let decide_seconds = decide_started.elapsed().as_secs_f64();
 
     // Pass 2: fetch the kept rows (and tied rows, to compare them) and write.
     let write_started = Instant::now();
-    let mut check = TieCheck::try_new(&schema, &job.spec, resolution.tie_groups)
+    let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
     let mut writer = OutputWriter::try_new(
         &job.output,
         std::sync::Arc::clone(&schema),
         job.max_rows_per_file,
     )?;
-    progress.phase("writing", resolution.keep.len() as u64);
+    progress.phase(
+        "writing",
+        decision.stats.rows_out + decision.stats.tombstones_kept,
+    );
     // Decoding and selecting run on a second thread while this one encodes and compresses.
+    let selection = &mut decision.selection;
     pipeline(
         |send| {
             let mut start = 0u64;
             for file in &files {
                 let end = start + file.num_rows();
-                let plan = FilePlan::new(&resolution, start, end);
+                let plan = match selection.plan(start, end) {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        send(Err(e));
+                        return;
+                    }
+                };
                 start = end;
                 if !plan.rows.is_empty() && !fetch_planned(file, &plan, &schema, send) {
                     return;
@@ -280,19 +253,20 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
                     check.observe(&tied, &groups).map_err(Error::arrow(path))?;
                 }
             }
-            Ok(())
+            Ok(ControlFlow::Continue(()))
         },
     )?;
     let output_files = writer.commit()?;
 
-    let mut stats = resolution.stats;
+    let mut stats = decision.stats;
     stats.conflicts = check.conflicts();
     let mut report = DedupReport::new(job, &files, stats);
+    report.key_partitions = decision.partitions;
     report.output_files = output_files
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    report.table_bytes = table_bytes;
+    report.table_bytes = decision.table_bytes;
     report.decide_seconds = decide_seconds;
     report.write_seconds = write_started.elapsed().as_secs_f64();
     report.elapsed_seconds = started.elapsed().as_secs_f64();
@@ -302,17 +276,19 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
 /// Runs `produce` on a second thread and `consume` on this one, joined by a short queue
 /// (so that at most a few batches are in flight). `produce` gets a `send` that returns
 /// false once the consumer has stopped, which it must heed by returning; an error it sends
-/// ends the pipeline with that error.
-fn pipeline<T: Send>(
+/// ends the pipeline with that error, and `consume` may stop it early with `Break`.
+pub(crate) fn pipeline<T: Send>(
     produce: impl FnOnce(&dyn Fn(Result<T>) -> bool) + Send,
-    mut consume: impl FnMut(T) -> Result<()>,
+    mut consume: impl FnMut(T) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     std::thread::scope(|scope| {
         let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<T>>(4);
         scope.spawn(move || produce(&|item| sender.send(item).is_ok()));
         // Returning early drops the receiver, which stops the producer at its next send.
         for item in receiver {
-            consume(item?)?;
+            if consume(item?)?.is_break() {
+                break;
+            }
         }
         Ok(())
     })
@@ -380,7 +356,7 @@ fn fetch_planned<'a>(
 }
 
 /// The rows pass 2 reads from one file: kept rows and tie rows, merged in row order.
-struct FilePlan {
+pub(crate) struct FilePlan {
     /// Ascending row numbers within the file.
     rows: Vec<u64>,
     keep: Vec<bool>,
@@ -389,17 +365,9 @@ struct FilePlan {
 }
 
 impl FilePlan {
-    fn new(resolution: &idem_core::Resolution, start: u64, end: u64) -> Self {
-        let keep = {
-            let lo = resolution.keep.partition_point(|&p| p < start);
-            let hi = resolution.keep.partition_point(|&p| p < end);
-            &resolution.keep[lo..hi]
-        };
-        let ties = {
-            let lo = resolution.tie_rows.partition_point(|t| t.position < start);
-            let hi = resolution.tie_rows.partition_point(|t| t.position < end);
-            &resolution.tie_rows[lo..hi]
-        };
+    /// Merges one file's ascending kept positions and tie rows; `start` is the position
+    /// of the file's first row.
+    pub(crate) fn from_sorted(keep: &[u64], ties: &[TieRow], start: u64) -> Self {
         let mut plan = Self {
             rows: Vec::with_capacity(keep.len() + ties.len()),
             keep: Vec::with_capacity(keep.len() + ties.len()),

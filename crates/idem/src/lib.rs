@@ -16,6 +16,7 @@
 //! # Ok::<(), idem::Error>(())
 //! ```
 
+mod decide;
 mod dedup;
 mod error;
 pub mod generate;

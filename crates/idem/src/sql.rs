@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 
@@ -24,13 +26,25 @@ pub enum SqlOutput {
     },
 }
 
-/// A session like `datafusion-cli`'s: idem's table function registered, and file paths
-/// usable as table names (`SELECT * FROM 'data/events/*.parquet'`).
-pub fn session() -> SessionContext {
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true))
-        .enable_url_table();
+/// A session like `datafusion-cli`'s: idem registered, and file paths usable as table
+/// names (`SELECT * FROM 'data/events/*.parquet'`). With `memory_limit`, operators share
+/// a pool of that many bytes and spill (sorts, aggregates, `DedupExec`) when it is full.
+///
+/// # Errors
+/// The runtime cannot be built.
+pub fn session(memory_limit: Option<u64>) -> Result<SessionContext> {
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = memory_limit {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
+    }
+    let ctx = SessionContext::new_with_config_rt(
+        SessionConfig::new().with_information_schema(true),
+        runtime.build_arc()?,
+    )
+    .enable_url_table();
     idem_datafusion::register(&ctx);
-    ctx
+    Ok(ctx)
 }
 
 /// Runs `query`; with `output`, streams its result into Parquet there (atomically, as
@@ -38,13 +52,18 @@ pub fn session() -> SessionContext {
 ///
 /// # Errors
 /// Planning or execution errors, or a failure to write the output.
-pub fn run_sql(query: &str, output: Option<&Path>, max_rows_per_file: usize) -> Result<SqlOutput> {
+pub fn run_sql(
+    query: &str,
+    output: Option<&Path>,
+    max_rows_per_file: usize,
+    memory_limit: Option<u64>,
+) -> Result<SqlOutput> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Error::io("tokio runtime"))?;
     runtime.block_on(async {
-        let ctx = session();
+        let ctx = session(memory_limit)?;
         let frame = ctx.sql(query).await?;
         match output {
             None => Ok(SqlOutput::Rows(frame.collect().await?)),
