@@ -141,6 +141,9 @@ struct GenerateArgs {
     /// Approximate size of the payload column, in bytes.
     #[arg(long, default_value_t = 100)]
     payload_bytes: usize,
+    /// Extra attribute columns (alternately integer and text), for wide tables.
+    #[arg(long, default_value_t = 0)]
+    extra_columns: usize,
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -282,6 +285,7 @@ fn generate(args: GenerateArgs) -> Result<(), String> {
         delete_rate: args.delete_rate,
         reorder_rate: args.reorder_rate,
         payload_bytes: args.payload_bytes,
+        extra_columns: args.extra_columns,
     };
     let generated = idem::generate(&options, &args.output).map_err(|e| error_chain(&e))?;
     eprintln!(

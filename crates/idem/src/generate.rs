@@ -43,6 +43,9 @@ pub struct GenerateOptions {
     pub reorder_rate: f64,
     /// Approximate bytes of the `payload` column.
     pub payload_bytes: usize,
+    /// Extra attribute columns `attr_000`, `attr_001`, … after `payload` (alternately
+    /// integers and short text), for wide-table shapes. A replay repeats its values.
+    pub extra_columns: usize,
 }
 
 impl Default for GenerateOptions {
@@ -56,13 +59,14 @@ impl Default for GenerateOptions {
             delete_rate: 0.01,
             reorder_rate: 0.05,
             payload_bytes: 100,
+            extra_columns: 0,
         }
     }
 }
 
-/// The schema of generated events.
-pub fn event_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
+/// The schema of generated events with `extra_columns` attribute columns.
+pub fn event_schema(extra_columns: usize) -> SchemaRef {
+    let mut fields = vec![
         Field::new("event_id", DataType::Utf8, false),
         Field::new("sequence", DataType::Int64, false),
         Field::new("lsn", DataType::Int64, false),
@@ -76,7 +80,22 @@ pub fn event_schema() -> SchemaRef {
         Field::new("amount", DataType::Decimal128(12, 2), false),
         Field::new("status", DataType::Utf8, false),
         Field::new("payload", DataType::Utf8, true),
-    ]))
+    ];
+    fields.extend((0..extra_columns).map(|i| {
+        let data_type = if i % 2 == 0 {
+            DataType::Int64
+        } else {
+            DataType::Utf8
+        };
+        Field::new(format!("attr_{i:03}"), data_type, true)
+    }));
+    Arc::new(Schema::new(fields))
+}
+
+/// An extra column's builder.
+enum Extra {
+    Int(Int64Builder),
+    Text(StringBuilder),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -163,12 +182,18 @@ struct Batcher {
     amount: Decimal128Builder,
     status: StringBuilder,
     payload: StringBuilder,
+    extra: Vec<Extra>,
     len: usize,
     scratch: String,
 }
 
 impl Batcher {
     fn new(schema: SchemaRef, seed: u64, payload_bytes: usize) -> Self {
+        // The fixed event columns come first; every further field is an extra column.
+        let extra_columns = schema
+            .fields()
+            .len()
+            .saturating_sub(event_schema(0).fields().len());
         Self {
             schema,
             seed,
@@ -182,6 +207,15 @@ impl Batcher {
             amount: Decimal128Builder::new(),
             status: StringBuilder::new(),
             payload: StringBuilder::new(),
+            extra: (0..extra_columns)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        Extra::Int(Int64Builder::new())
+                    } else {
+                        Extra::Text(StringBuilder::new())
+                    }
+                })
+                .collect(),
             len: 0,
             scratch: String::new(),
         }
@@ -206,11 +240,22 @@ impl Batcher {
         self.scratch.clear();
         payload(e.payload_seed, self.payload_bytes, &mut self.scratch);
         self.payload.append_value(&self.scratch);
+        let mut rng = SplitMix64::new(e.payload_seed ^ 0x5eed);
+        for extra in &mut self.extra {
+            let value = rng.next_u64();
+            match extra {
+                Extra::Int(b) => b.append_value((value % 1_000_000) as i64),
+                Extra::Text(b) => {
+                    let word = WORDS[(value % WORDS.len() as u64) as usize];
+                    b.append_value(format!("{word}-{}", (value >> 8) % 10_000));
+                }
+            }
+        }
         self.len += 1;
     }
 
     fn finish(&mut self) -> Result<RecordBatch> {
-        let columns: Vec<ArrayRef> = vec![
+        let mut columns: Vec<ArrayRef> = vec![
             Arc::new(self.event_id.finish()),
             Arc::new(self.sequence.finish()),
             Arc::new(self.lsn.finish()),
@@ -226,6 +271,12 @@ impl Batcher {
             Arc::new(self.status.finish()),
             Arc::new(self.payload.finish()),
         ];
+        columns.extend(self.extra.iter_mut().map(|extra| -> ArrayRef {
+            match extra {
+                Extra::Int(b) => Arc::new(b.finish()),
+                Extra::Text(b) => Arc::new(b.finish()),
+            }
+        }));
         self.len = 0;
         RecordBatch::try_new(Arc::clone(&self.schema), columns)
             .map_err(|e| Error::InvalidArgument(e.to_string()))
@@ -239,7 +290,7 @@ impl Batcher {
 /// The directory or a file cannot be written.
 pub fn generate(options: &GenerateOptions, dir: &Path) -> Result<Generated> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-    let schema = event_schema();
+    let schema = event_schema(options.extra_columns);
     let mut rng = SplitMix64::new(options.seed);
     let files = options.files.max(1);
     let per_file = options.rows.div_ceil(files as u64).max(1);
