@@ -30,11 +30,13 @@ enum Command {
     Dedup(DedupArgs),
     /// Run one SQL statement with idem's functions (the `dedup` table function), printing
     /// the result or writing it as Parquet.
+    #[cfg(feature = "sql")]
     Sql(SqlArgs),
     /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
     Generate(GenerateArgs),
 }
 
+#[cfg(feature = "sql")]
 #[derive(Debug, Args)]
 struct SqlArgs {
     /// The statement, e.g. "SELECT * FROM dedup('data/events', 'event_id,sequence', 'lsn')".
@@ -249,6 +251,7 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
     Ok(())
 }
 
+#[cfg(feature = "sql")]
 fn sql(args: SqlArgs) -> Result<(), String> {
     let output = idem::run_sql(
         &args.query,
@@ -350,6 +353,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dedup(args) => dedup(args),
+        #[cfg(feature = "sql")]
         Command::Sql(args) => sql(args),
         Command::Generate(args) => generate(args),
     };

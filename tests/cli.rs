@@ -769,6 +769,7 @@ fn generator_output_round_trips() {
     assert_eq!(lsn.null_count(), 0);
 }
 
+#[cfg(feature = "sql")]
 #[test]
 fn sql_runs_the_dedup_table_function_and_agrees_with_dedup() {
     let dir = TempDir::new().expect("tmp");

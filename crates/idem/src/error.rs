@@ -72,6 +72,7 @@ pub enum Error {
         column: String,
     },
     /// A SQL statement failed to plan or run.
+    #[cfg(feature = "sql")]
     #[error("{0}")]
     DataFusion(#[from] datafusion::error::DataFusionError),
     /// The options contradict each other or the input.

@@ -23,6 +23,7 @@ pub mod generate;
 pub mod input;
 mod output;
 pub mod schema;
+#[cfg(feature = "sql")]
 mod sql;
 
 pub use dedup::{
@@ -32,4 +33,5 @@ pub use error::{Error, Result};
 pub use generate::{GenerateOptions, generate};
 pub use idem_core;
 pub use output::OutputWriter;
+#[cfg(feature = "sql")]
 pub use sql::{SqlOutput, format_table, run_sql, session};
