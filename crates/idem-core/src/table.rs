@@ -171,9 +171,10 @@ impl KeepMaxTable {
         self.consume(batch, |row| first + row as u64)
     }
 
-    /// Consumes one batch whose rows sit at `positions` of the input (ascending, as the
-    /// rows of a key-partitioned spill file do): the winners and tie rows report those
-    /// positions, so the rows can be fetched from the original input afterwards.
+    /// Consumes one batch whose rows sit at `positions` of the input: the winners and tie
+    /// rows report those positions, so the rows can be fetched from the original input
+    /// afterwards. Batches may come in any order (several partitions interleaved): ties go
+    /// to the smallest (`first`) or greatest (`last`) position all the same.
     ///
     /// # Errors
     /// As [`Self::update`], or `positions` of another length than the batch.
@@ -273,7 +274,14 @@ impl KeepMaxTable {
                         position,
                     });
                     self.ties[s] += 1;
-                    if last_wins {
+                    // By position, not arrival: rows of several partitions may arrive
+                    // interleaved, and the first (last) in input order must still win.
+                    let replaces = if last_wins {
+                        position > self.winner[s]
+                    } else {
+                        position < self.winner[s]
+                    };
+                    if replaces {
                         self.winner[s] = position;
                         self.tombstone[s] = tombstone;
                     }

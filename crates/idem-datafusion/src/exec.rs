@@ -27,6 +27,7 @@ use datafusion::arrow::compute::{filter_record_batch, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -51,15 +52,44 @@ use idem_core::{DedupSpec, DedupStats, dedup_batches};
 /// The column [`PositionExec`] adds and [`DedupExec`] consumes.
 pub const POSITION_COLUMN: &str = "__idem_position";
 /// Bits of a position that count rows within a source partition.
-const ROW_BITS: u32 = 40;
+pub(crate) const ROW_BITS: u32 = 40;
 /// Spill files per level when a partition does not fit in memory.
 const SPILL_FANOUT: usize = 16;
 /// Re-partitioning levels before a spill partition that still does not fit is processed
 /// anyway (only a single key with an enormous number of rows can get there).
 const MAX_SPILL_DEPTH: u32 = 3;
 
-fn to_df(error: datafusion::arrow::error::ArrowError) -> DataFusionError {
+pub(crate) fn to_df(error: datafusion::arrow::error::ArrowError) -> DataFusionError {
     DataFusionError::ArrowError(Box::new(error), None)
+}
+
+/// `context` with file scans bound to the partitions the plan gave them. DataFusion lets
+/// an idle scan partition steal files from its siblings at run time, which would make a
+/// row's (partition, row) position — idem's input order — depend on thread timing.
+pub(crate) fn in_plan_order(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    if !context
+        .session_config()
+        .options()
+        .execution
+        .enable_file_stream_work_stealing
+    {
+        return Arc::clone(context);
+    }
+    let mut config = context.session_config().clone();
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }
 
 /// Adds [`POSITION_COLUMN`], `partition << 40 | row`, so that rows can be put back in a
@@ -168,15 +198,18 @@ impl ExecutionPlan for PositionExec {
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
         let mut next = (partition as u64) << ROW_BITS;
-        let stream = self.input.execute(partition, context)?.map(move |batch| {
-            let batch = batch?;
-            let start = next;
-            next += batch.num_rows() as u64;
-            let positions: ArrayRef = Arc::new(UInt64Array::from_iter_values(start..next));
-            let mut columns = batch.columns().to_vec();
-            columns.push(positions);
-            RecordBatch::try_new(Arc::clone(&schema), columns).map_err(to_df)
-        });
+        let stream = self
+            .input
+            .execute(partition, in_plan_order(&context))?
+            .map(move |batch| {
+                let batch = batch?;
+                let start = next;
+                next += batch.num_rows() as u64;
+                let positions: ArrayRef = Arc::new(UInt64Array::from_iter_values(start..next));
+                let mut columns = batch.columns().to_vec();
+                columns.push(positions);
+                RecordBatch::try_new(Arc::clone(&schema), columns).map_err(to_df)
+            });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             stream,
@@ -184,21 +217,30 @@ impl ExecutionPlan for PositionExec {
     }
 }
 
-/// The physical plan of a dedup over `input`: [`PositionExec`], a hash repartition on the
-/// key into `partitions`, then [`DedupExec`]. Its schema is `input`'s.
+/// The physical plan of a dedup over `input`, whose schema it keeps.
+///
+/// A file scan, which can be read twice, gets [`LateDedupExec`](crate::LateDedupExec):
+/// key and version columns first, then only the winning rows, so memory follows the
+/// number of keys. Anything else gets [`PositionExec`], a hash repartition on the key into
+/// the target partitions, then [`DedupExec`], which holds its partition's rows.
 ///
 /// # Errors
 /// A missing column, or a key / version type idem cannot use.
 pub fn plan_dedup(
     input: Arc<dyn ExecutionPlan>,
     spec: DedupSpec,
-    partitions: usize,
+    config: &ConfigOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    if crate::late::is_rescannable_file_scan(&input) {
+        return Ok(Arc::new(crate::LateDedupExec::try_new(
+            input, spec, config,
+        )?));
+    }
     let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(input)?);
     let keys = key_columns(&spec, &positioned.schema())?;
     let repartitioned = Arc::new(RepartitionExec::try_new(
         positioned,
-        Partitioning::Hash(keys, partitions.max(1)),
+        Partitioning::Hash(keys, config.execution.target_partitions.max(1)),
     )?);
     Ok(Arc::new(DedupExec::try_new(repartitioned, spec)?))
 }
@@ -377,7 +419,7 @@ impl ExecutionPlan for DedupExec {
 }
 
 /// DataFusion metrics of one partition: the dedup counters and spilling.
-struct DedupMetrics {
+pub(crate) struct DedupMetrics {
     rows_in: Count,
     rows_out: Count,
     duplicates: Count,
@@ -391,7 +433,7 @@ struct DedupMetrics {
 }
 
 impl DedupMetrics {
-    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    pub(crate) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let counter = |name: &'static str| MetricBuilder::new(metrics).counter(name, partition);
         Self {
             rows_in: counter("rows_in"),
@@ -407,7 +449,7 @@ impl DedupMetrics {
         }
     }
 
-    fn add(&self, stats: &DedupStats) {
+    pub(crate) fn add(&self, stats: &DedupStats) {
         self.rows_in.add(stats.rows_in as usize);
         self.rows_out.add(stats.rows_out as usize);
         self.duplicates.add(stats.duplicates as usize);
@@ -438,7 +480,7 @@ impl Grouped {
     }
 }
 
-fn positions(batch: &RecordBatch) -> Result<&UInt64Array> {
+pub(crate) fn positions(batch: &RecordBatch) -> Result<&UInt64Array> {
     batch
         .column_by_name(POSITION_COLUMN)
         .and_then(|c| c.as_primitive_opt::<UInt64Type>())

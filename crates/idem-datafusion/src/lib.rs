@@ -3,9 +3,14 @@
 //! Deduplication by key and version as a first-class part of a DataFusion query, with the
 //! semantics of `idem dedup` (the kernels are `idem-core`'s, shared):
 //!
-//! * [`DedupExec`]: the physical operator. Its input is hash-partitioned on the key, so
-//!   partitions dedup independently on every core; it registers with the memory pool and
-//!   spills hash-partitioned files through the disk manager when the pool says no.
+//! * [`LateDedupExec`]: the physical operator over file scans. It reads the key and
+//!   version columns first, then only the winning rows of every column, so its memory
+//!   follows the number of keys, not the size of the rows; when the pool refuses its key
+//!   table it decides one key partition at a time.
+//! * [`DedupExec`]: the physical operator over any other input. Its input is
+//!   hash-partitioned on the key, so partitions dedup independently on every core; it
+//!   registers with the memory pool and spills hash-partitioned files through the disk
+//!   manager when the pool says no.
 //! * [`Dedup`]: the logical plan node, planned by [`DedupPlanner`]; DataFusion's optimizer
 //!   pushes projections through it, and filters on key columns below it.
 //! * [`DedupTable`]: any table, deduplicated (a view whose plan is a [`Dedup`] node).
@@ -57,6 +62,7 @@
 //! ```
 
 mod exec;
+mod late;
 mod logical;
 mod provider;
 mod table_function;
@@ -68,6 +74,7 @@ use datafusion::prelude::SessionContext;
 
 pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup};
 pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
+pub use late::{LateDedupExec, is_rescannable_file_scan};
 pub use logical::{Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner};
 pub use provider::{DataFrameDedupExt, DedupTable};
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};

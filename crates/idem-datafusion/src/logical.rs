@@ -132,8 +132,8 @@ impl UserDefinedLogicalNodeCore for Dedup {
     }
 }
 
-/// Plans [`Dedup`] nodes as [`plan_dedup`]: position, hash repartition on the key into the
-/// session's target partitions, [`DedupExec`](crate::DedupExec).
+/// Plans [`Dedup`] nodes with [`plan_dedup`]: [`LateDedupExec`](crate::LateDedupExec) over
+/// file scans, [`DedupExec`](crate::DedupExec) over anything else.
 #[derive(Debug, Default)]
 pub struct DedupPlanner;
 
@@ -157,7 +157,7 @@ impl ExtensionPlanner for DedupPlanner {
         plan_dedup(
             Arc::clone(input),
             dedup.spec.clone(),
-            session.config().target_partitions(),
+            session.config_options(),
         )
         .map(Some)
     }

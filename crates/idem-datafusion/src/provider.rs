@@ -123,7 +123,7 @@ impl TableProvider for DedupTable {
             let predicate = state.create_physical_expr(predicate, &df_schema)?;
             input = Arc::new(FilterExec::try_new(predicate, input)?);
         }
-        let dedup = plan_dedup(input, self.spec.clone(), state.config().target_partitions())?;
+        let dedup = plan_dedup(input, self.spec.clone(), state.config_options())?;
         // Back to exactly the requested columns, in the requested order.
         let wanted: Vec<usize> = match projection {
             Some(p) => p.clone(),

@@ -96,6 +96,19 @@ async fn sorted(df: DataFrame) -> Vec<String> {
         .collect()
 }
 
+/// Table `t` deduplicated the `ROW_NUMBER()` way: highest `v`, ties to the lowest `seq`
+/// (input order), and with `deletes` the keys whose winner is a tombstone dropped.
+async fn row_number_reference(ctx: &SessionContext, deletes: bool) -> DataFrame {
+    ctx.sql(&format!(
+        "SELECT k, s, v, op, seq, payload FROM (
+            SELECT *, row_number() OVER (PARTITION BY k, s ORDER BY v DESC NULLS LAST, seq) AS rn FROM t
+         ) WHERE rn = 1 {}",
+        if deletes { "AND op <> 'd'" } else { "" }
+    ))
+    .await
+    .expect("reference")
+}
+
 /// `sql`'s result as a printed table.
 async fn query_text(ctx: &SessionContext, sql: &str) -> String {
     let batches = ctx
@@ -126,15 +139,7 @@ async fn equals_row_number_for_1_2_and_8_partitions() {
                 .expect("t")
                 .dedup(["k", "s"], ["v"], options)
                 .expect("dedup");
-            let reference = ctx
-                .sql(&format!(
-                    "SELECT k, s, v, op, seq, payload FROM (
-                        SELECT *, row_number() OVER (PARTITION BY k, s ORDER BY v DESC NULLS LAST, seq) AS rn FROM t
-                     ) WHERE rn = 1 {}",
-                    if deletes { "AND op <> 'd'" } else { "" }
-                ))
-                .await
-                .expect("reference");
+            let reference = row_number_reference(&ctx, deletes).await;
             let ours = sorted(ours).await;
             assert!(ours.len() > 100, "a real result");
             assert_eq!(
@@ -458,5 +463,80 @@ async fn max_by_equals_row_number_on_every_aggregation_path() {
             ours, reference,
             "seed {seed}, {target_partitions} partitions"
         );
+    }
+}
+
+/// Writes each partition of `data` as a Parquet file `part-N.parquet` in `dir`, so that a
+/// listing table reads them back in the same order.
+fn write_files(dir: &std::path::Path, schema: &SchemaRef, data: &[Vec<RecordBatch>]) {
+    for (i, batches) in data.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("part-{i}.parquet"))).expect("create");
+        let mut writer =
+            datafusion::parquet::arrow::ArrowWriter::try_new(file, Arc::clone(schema), None)
+                .expect("writer");
+        for batch in batches {
+            writer.write(batch).expect("write");
+        }
+        writer.close().expect("close");
+    }
+}
+
+/// Over files, the dedup is `LateDedupExec`: the same rows as the `ROW_NUMBER()`
+/// formulation for 1, 2 and 8 partitions, with and without deletes, and again when the
+/// memory pool is too small for its key table (it then decides in key partitions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_materialisation_over_files_equals_row_number() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (schema, data) = events(21, 6000, 4);
+    write_files(dir.path(), &schema, &data);
+    for (target_partitions, pool) in [(1, None), (2, None), (8, None), (2, Some(64 * 1024))] {
+        let mut runtime = RuntimeEnvBuilder::new();
+        if let Some(bytes) = pool {
+            runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(bytes)));
+        }
+        let ctx = SessionContext::new_with_config_rt(
+            SessionConfig::new().with_target_partitions(target_partitions),
+            runtime.build_arc().expect("runtime"),
+        );
+        idem_datafusion::register(&ctx);
+        ctx.register_parquet(
+            "t",
+            dir.path().to_str().expect("path"),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .expect("register");
+        // The reference (and sorting for the comparison) runs without the tiny pool.
+        let free = context(target_partitions);
+        free.register_parquet(
+            "t",
+            dir.path().to_str().expect("path"),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .expect("register");
+        for deletes in [false, true] {
+            let options = if deletes { "'op=op'" } else { "''" };
+            let ours = ctx
+                .sql(&format!("SELECT * FROM dedup('t', 'k,s', 'v', {options})"))
+                .await
+                .expect("dedup");
+            let plan = ours.clone().create_physical_plan().await.expect("plan");
+            let shown = displayable(plan.as_ref()).indent(false).to_string();
+            assert!(shown.contains("LateDedupExec"), "{shown}");
+            let reference = row_number_reference(&free, deletes).await;
+            let batches = collect(Arc::clone(&plan), ctx.task_ctx())
+                .await
+                .expect("run");
+            assert!(batches.iter().map(RecordBatch::num_rows).sum::<usize>() > 100);
+            assert_eq!(
+                sorted(free.read_batches(batches).expect("frame")).await,
+                sorted(reference).await,
+                "{target_partitions} partitions, pool {pool:?}, deletes {deletes}"
+            );
+            if pool.is_some() {
+                assert!(find_metric(&plan, "key_partitions") > 1, "{shown}");
+            }
+        }
     }
 }
