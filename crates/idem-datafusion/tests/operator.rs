@@ -538,5 +538,17 @@ async fn late_materialisation_over_files_equals_row_number() {
                 assert!(find_metric(&plan, "key_partitions") > 1, "{shown}");
             }
         }
+        // Tied rows that differ are conflicts, and under on_tie=error an error naming a key.
+        let refused = ctx
+            .sql("SELECT * FROM dedup('t', 'k,s', 'v', 'on_tie=error')")
+            .await
+            .expect("plan")
+            .collect()
+            .await
+            .expect_err("conflicting ties");
+        assert!(
+            refused.to_string().contains("conflicting rows for key"),
+            "{refused}"
+        );
     }
 }
