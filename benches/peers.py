@@ -15,6 +15,10 @@ median wall time, CPU time, the largest peak RSS, output rows and the ratio to i
 Usage:
   python benches/peers.py IDEM_BINARY INPUT_DIR [--rounds N] [--engines a,b,...]
                           [--key event_id,sequence] [--version lsn]
+                          [--memory-limit SIZE] [--timeout SECONDS]
+
+A run that fails (out of memory, timeout, error) is reported as such, and its engine is
+not run again.
 """
 
 import argparse
@@ -24,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 DUCKDB = """
@@ -68,16 +73,25 @@ def available(engine):
     return module is None or importlib.util.find_spec(module) is not None
 
 
-def measure(argv):
+def measure(argv, timeout):
+    """(wall s, cpu s, peak RSS MiB, failure or None) of one run."""
     started = time.monotonic()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
     _, status, usage = os.wait4(process.pid, 0)
+    timer.cancel()
     wall = time.monotonic() - started
     stderr = process.stderr.read().decode()
     process.stderr.close()
-    if status != 0:
-        raise SystemExit(f"{' '.join(argv[:3])} failed: {stderr}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    failure = None
+    if os.WIFSIGNALED(status):
+        signal = os.WTERMSIG(status)
+        failure = (f"timed out after {timeout} s" if wall >= timeout
+                   else f"killed by signal {signal}" + (" (out of memory)" if signal == 9 else ""))
+    elif os.WEXITSTATUS(status) != 0:
+        failure = f"exit {os.WEXITSTATUS(status)}: {stderr.strip()[-200:]}"
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, failure
 
 
 def output_rows(path):
@@ -96,25 +110,41 @@ def main():
     parser.add_argument("--engines", default="idem,idem-sql,df-distinct-on,df-row-number,duckdb,polars")
     parser.add_argument("--key", default="event_id,sequence")
     parser.add_argument("--version", default="lsn")
+    parser.add_argument("--memory-limit", help="DataFusion memory pool for the SQL engines")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is killed")
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if available(e)]
     results = {e: [] for e in engines}
     rows = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("IDEM_BENCH_TMP")) as out:
+        failed = {}
         for _ in range(args.rounds):
             for engine in engines:
+                if engine in failed:
+                    continue
                 target = f"{out}/{engine}.parquet"
                 argv = commands(args.idem, args.inputs, target, args.key, args.version)[engine]
-                results[engine].append(measure(argv))
+                if args.memory_limit and engine.startswith(("idem-sql", "df-")):
+                    argv += ["--memory-limit", args.memory_limit]
+                wall, cpu, rss, failure = measure(argv, args.timeout)
+                if failure:
+                    failed[engine] = (wall, rss, failure)
+                    continue
+                results[engine].append((wall, cpu, rss))
                 rows[engine] = output_rows(target)
                 if os.path.isdir(target):
                     subprocess.run(["rm", "-rf", target], check=True)
                 elif os.path.exists(target):
                     os.remove(target)
     base = statistics.median(w for w, _, _ in results[engines[0]])
+    print(f"{args.inputs}, {args.rounds} rounds")
     print(f"{'engine':15} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
           f"{'rows out':>11} {'x ' + engines[0]:>8}")
     for engine, runs in results.items():
+        if not runs:
+            wall, rss, failure = failed[engine]
+            print(f"{engine:15} failed after {wall:.0f} s at {rss:.0f} MiB peak RSS: {failure}")
+            continue
         walls = [w for w, _, _ in runs]
         median = statistics.median(walls)
         print(f"{engine:15} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
