@@ -111,6 +111,18 @@ fn dedup_err(args: &[&str]) -> (Output, String) {
     (output, stderr)
 }
 
+/// Runs `idem generate` into `dir/in` with `args`; returns the directory.
+fn generate(dir: &Path, args: &[&str]) -> PathBuf {
+    let input = dir.join("in");
+    let generated = idem()
+        .args(["generate", "-o", p(&input)])
+        .args(args)
+        .output()
+        .expect("generate");
+    assert!(generated.status.success(), "{generated:?}");
+    input
+}
+
 fn sample() -> String {
     format!("{}/data/events", env!("CARGO_MANIFEST_DIR"))
 }
@@ -166,20 +178,7 @@ fn running_twice_changes_nothing_and_output_is_deterministic() {
 #[test]
 fn running_twice_is_byte_identical_on_generated_data() {
     let dir = TempDir::new().expect("tmp");
-    let input = dir.path().join("in");
-    let generated = idem()
-        .args([
-            "generate",
-            "-o",
-            p(&input),
-            "--rows",
-            "150000",
-            "--files",
-            "3",
-        ])
-        .output()
-        .expect("generate");
-    assert!(generated.status.success());
+    let input = generate(dir.path(), &["--rows", "150000", "--files", "3"]);
     let once = dir.path().join("once.parquet");
     let twice = dir.path().join("twice.parquet");
     dedup_ok(&[p(&input), "-o", p(&once), "--op", "op"]);
@@ -193,21 +192,19 @@ fn running_twice_is_byte_identical_on_generated_data() {
 #[test]
 fn a_memory_limit_spills_by_key_partition_with_identical_output() {
     let dir = TempDir::new().expect("tmp");
-    let input = dir.path().join("in");
-    let generated = idem()
-        .args([
-            "generate",
-            "-o",
-            p(&input),
+    let input = generate(
+        dir.path(),
+        &[
             "--rows",
             "120000",
             "--files",
             "3",
-        ])
-        .args(["--seed", "11", "--duplicate-rate", "0.3"])
-        .output()
-        .expect("generate");
-    assert!(generated.status.success());
+            "--seed",
+            "11",
+            "--duplicate-rate",
+            "0.3",
+        ],
+    );
     for on_tie in ["first", "last"] {
         let free = dir.path().join(format!("free-{on_tie}.parquet"));
         let limited = dir.path().join(format!("limited-{on_tie}.parquet"));
