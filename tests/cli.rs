@@ -864,3 +864,31 @@ fn sql_runs_the_dedup_table_function_and_agrees_with_dedup() {
         "{stderr}"
     );
 }
+
+#[cfg(feature = "sql")]
+#[test]
+fn sql_takes_session_settings_from_datafusion_environment_variables() {
+    let query = "SELECT value FROM information_schema.df_settings \
+                 WHERE name = 'datafusion.execution.target_partitions'";
+    let output = idem()
+        .args(["sql", query])
+        .env("DATAFUSION_EXECUTION_TARGET_PARTITIONS", "3")
+        .output()
+        .expect("run");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("| 3 "), "{table}");
+
+    let output = idem()
+        .args(["sql", "SELECT 1"])
+        .env("DATAFUSION_EXECUTION_TARGET_PARTITIONS", "many")
+        .output()
+        .expect("run");
+    assert_ne!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("target_partitions"), "{stderr}");
+}

@@ -37,7 +37,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+    Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -430,6 +430,8 @@ pub(crate) struct DedupMetrics {
     spill_files: Count,
     spilled_rows: Count,
     spilled_bytes: Count,
+    /// The most memory the operator held from the pool at once.
+    peak_mem_used: Gauge,
 }
 
 impl DedupMetrics {
@@ -446,7 +448,14 @@ impl DedupMetrics {
             spill_files: counter("spill_files"),
             spilled_rows: counter("spilled_rows"),
             spilled_bytes: counter("spilled_bytes"),
+            peak_mem_used: MetricBuilder::new(metrics)
+                .peak_memory_usage("peak_mem_used", partition),
         }
+    }
+
+    /// Records what `reservation` holds now, if that is a new peak.
+    pub(crate) fn note_memory(&self, reservation: &MemoryReservation) {
+        self.peak_mem_used.set_max(reservation.size());
     }
 
     pub(crate) fn add(&self, stats: &DedupStats) {
@@ -569,9 +578,7 @@ impl PartitionState {
             }
             match spill.as_mut() {
                 Some(spill) => self.spill_batch(spill, &batch, 0)?,
-                None if self.reservation.try_grow(reservation_for(&batch)).is_ok() => {
-                    grouped.push(batch)?
-                }
+                None if self.try_hold(&batch) => grouped.push(batch)?,
                 None => spill = Some(self.start_spill(std::mem::take(&mut grouped), &batch, 0)?),
             }
         }
@@ -583,6 +590,13 @@ impl PartitionState {
             state: self,
             work: vec![(work, 1)],
         })
+    }
+
+    /// Reserves memory to hold `batch`, if the pool allows.
+    fn try_hold(&mut self, batch: &RecordBatch) -> bool {
+        let held = self.reservation.try_grow(reservation_for(batch)).is_ok();
+        self.metrics.note_memory(&self.reservation);
+        held
     }
 
     /// Moves what is held, and `batch`, into new spill files.
@@ -697,12 +711,11 @@ impl PartitionState {
             let batch = batch.map_err(to_df)?;
             match respill.as_mut() {
                 Some(respill) => self.spill_batch(respill, &batch, depth)?,
-                None if self.reservation.try_grow(reservation_for(&batch)).is_ok() => {
-                    grouped.push(batch)?
-                }
+                None if self.try_hold(&batch) => grouped.push(batch)?,
                 // Past the last level only one enormous key can remain: process it anyway.
                 None if depth >= MAX_SPILL_DEPTH => {
                     self.reservation.grow(reservation_for(&batch));
+                    self.metrics.note_memory(&self.reservation);
                     grouped.push(batch)?;
                 }
                 None => {

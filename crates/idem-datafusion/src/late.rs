@@ -312,7 +312,15 @@ async fn decide(
         .register(context.memory_pool());
     let mut partitions = 1u32;
     let (keep, tie_rows, tie_groups, stats) = loop {
-        match decide_partitions(&decision, spec, context, &mut reservation, partitions).await? {
+        let attempt = decide_partitions(
+            &decision,
+            spec,
+            context,
+            &mut reservation,
+            &dedup_metrics,
+            partitions,
+        );
+        match attempt.await? {
             Some(decided) => break decided,
             None if partitions < MAX_KEY_PARTITIONS => {
                 partitions = (partitions * PARTITION_GROWTH).min(MAX_KEY_PARTITIONS);
@@ -330,6 +338,7 @@ async fn decide(
     // The winners list is needed whatever the pool says: account for it honestly.
     reservation
         .resize(keep.capacity() * size_of::<u64>() + tie_rows.capacity() * size_of::<TieRow>());
+    dedup_metrics.note_memory(&reservation);
     Ok(Decided {
         keep,
         tie_rows,
@@ -347,6 +356,7 @@ async fn decide_partitions(
     spec: &DedupSpec,
     context: &Arc<TaskContext>,
     reservation: &mut MemoryReservation,
+    metrics: &DedupMetrics,
     partitions: u32,
 ) -> Result<Option<Decision>> {
     let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(Arc::clone(decision))?);
@@ -376,6 +386,7 @@ async fn decide_partitions(
                 reservation.resize(0);
                 return Ok(None);
             }
+            metrics.note_memory(reservation);
         }
         let resolution = table.finish();
         keep.extend(resolution.keep);

@@ -231,6 +231,12 @@ async fn spills_under_a_tiny_memory_pool_with_the_same_result() {
     let metrics = displayable(plan.as_ref()).indent(true).to_string();
     let spilled = find_metric(&plan, "spill_files");
     assert!(spilled > 0, "expected spilling:\n{metrics}");
+    let peak = find_metric(&plan, "peak_mem_used");
+    // Summed over the two partitions, each of which stayed within the pool.
+    assert!(
+        peak > 0 && peak <= 2 * 256 * 1024,
+        "peak {peak}:\n{metrics}"
+    );
 }
 
 fn find_metric(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>, name: &str) -> usize {
@@ -537,6 +543,7 @@ async fn late_materialisation_over_files_equals_row_number() {
             if pool.is_some() {
                 assert!(find_metric(&plan, "key_partitions") > 1, "{shown}");
             }
+            assert!(find_metric(&plan, "peak_mem_used") > 0, "{shown}");
         }
         // Tied rows that differ are conflicts, and under on_tie=error an error naming a key.
         let refused = ctx

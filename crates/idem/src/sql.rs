@@ -26,12 +26,13 @@ pub enum SqlOutput {
     },
 }
 
-/// A session like `datafusion-cli`'s: idem registered, and file paths usable as table
-/// names (`SELECT * FROM 'data/events/*.parquet'`). With `memory_limit`, operators share
+/// A session like `datafusion-cli`'s: idem registered, file paths usable as table
+/// names (`SELECT * FROM 'data/events/*.parquet'`), and settings taken from `DATAFUSION_*`
+/// environment variables (`DATAFUSION_EXECUTION_TARGET_PARTITIONS=4`). With `memory_limit`, operators share
 /// a pool of that many bytes and spill (sorts, aggregates, `DedupExec`) when it is full.
 ///
 /// # Errors
-/// The runtime cannot be built.
+/// The runtime cannot be built, or a `DATAFUSION_*` variable does not parse.
 pub fn session(memory_limit: Option<u64>) -> Result<SessionContext> {
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(limit) = memory_limit {
@@ -39,7 +40,7 @@ pub fn session(memory_limit: Option<u64>) -> Result<SessionContext> {
         runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
     }
     let ctx = SessionContext::new_with_config_rt(
-        SessionConfig::new().with_information_schema(true),
+        SessionConfig::from_env()?.with_information_schema(true),
         runtime.build_arc()?,
     )
     .enable_url_table();
