@@ -1,11 +1,39 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: formatting, lints, unit / property / end-to-end tests,
-# and the check of idem's output against DuckDB on generated data. It installs what the
-# tests need (DuckDB from PyPI, in a virtualenv outside the clone) and starts no services.
+# the object-storage tests against a real S3-compatible server, and the check of idem's
+# output against DuckDB on generated data. It installs what the tests need (DuckDB and moto
+# from PyPI, in a virtualenv outside the clone), starts moto's S3 server on a free loopback
+# port for the duration of the tests, and stops it on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 venv="${IDEM_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/idem-test-venv}"
+
+echo "== test tools (virtualenv $venv)"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.server' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5'
+fi
+
+echo "== S3 server (moto, loopback)"
+port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+"$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" >"${TMPDIR:-/tmp}/idem-moto-$port.log" 2>&1 &
+moto_pid=$!
+trap 'kill "$moto_pid" 2>/dev/null || true; wait "$moto_pid" 2>/dev/null || true' EXIT
+"$venv/bin/python" - "$port" <<'PY'
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(200):
+    try:
+        urllib.request.urlopen(url, timeout=1)
+        break
+    except OSError:
+        time.sleep(0.1)
+urllib.request.urlopen(urllib.request.Request(f"{url}/idem-test", method="PUT"), timeout=5)
+PY
+export IDEM_TEST_S3_BUCKET=idem-test
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_REGION=us-east-1
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
@@ -15,8 +43,4 @@ echo "== cargo test"
 cargo test --workspace --locked
 
 echo "== DuckDB equivalence"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb' 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1'
-fi
 "$venv/bin/python" tests/duckdb_equivalence.py "$target_dir/debug/idem"

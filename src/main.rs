@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use idem::idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
+use idem::storage::StorageOptions;
 use idem::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, GenerateOptions, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -42,27 +43,32 @@ struct SqlArgs {
     /// The statement, e.g. "SELECT * FROM dedup('data/events', 'event_id,sequence', 'lsn')".
     /// Files can also be named as tables: SELECT * FROM 'data/events/*.parquet'.
     query: String,
-    /// Write the result here (a .parquet file, or else a directory of parts) instead of
-    /// printing it.
-    #[arg(short, long, value_name = "PATH")]
-    output: Option<PathBuf>,
+    /// Write the result here (a .parquet file, or else a directory of parts; a path or a
+    /// URL such as s3://bucket/out.parquet) instead of printing it.
+    #[arg(short, long, value_name = "PATH|URL")]
+    output: Option<String>,
     /// Rows per part file when the output is a directory.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROWS_PER_FILE)]
     max_rows_per_file: usize,
     /// Memory pool for the query's operators, e.g. 2GiB; they spill to disk beyond it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<u64>,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable),
+    /// e.g. --storage-option aws_region=eu-west-1.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
 }
 
 #[derive(Debug, Args)]
 struct DedupArgs {
     /// Parquet or Arrow IPC files, directories (every such file below, in sorted path
-    /// order) or globs, in input order.
+    /// order) or globs, in input order; local paths or URLs (s3://, gs://, az://, file://).
     #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<String>,
-    /// Output: a path ending in .parquet is one file; anything else a directory of parts.
-    #[arg(short, long, value_name = "PATH")]
-    output: PathBuf,
+    /// Output: a path or URL ending in .parquet is one file; anything else a directory of
+    /// parts.
+    #[arg(short, long, value_name = "PATH|URL")]
+    output: String,
     /// Key columns.
     #[arg(
         long,
@@ -109,6 +115,10 @@ struct DedupArgs {
     /// ($TMPDIR); the output is the same. Decode and encode buffers come on top.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<u64>,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable),
+    /// e.g. --storage-option aws_region=eu-west-1.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -232,6 +242,7 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
         spec,
         max_rows_per_file: args.max_rows_per_file,
         memory_limit: args.memory_limit,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
     };
     let bar = Bar::new(args.quiet);
     let result = idem::run_dedup(&job, &bar);
@@ -253,11 +264,13 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
 
 #[cfg(feature = "sql")]
 fn sql(args: SqlArgs) -> Result<(), String> {
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
     let output = idem::run_sql(
         &args.query,
         args.output.as_deref(),
         args.max_rows_per_file,
         args.memory_limit,
+        &storage,
     )
     .map_err(|e| error_chain(&e))?;
     match output {
@@ -269,9 +282,7 @@ fn sql(args: SqlArgs) -> Result<(), String> {
                 "idem: wrote {} rows to {} file(s) under {}",
                 thousands(rows),
                 files.len(),
-                args.output
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
+                args.output.unwrap_or_default()
             );
             Ok(())
         }

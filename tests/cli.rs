@@ -892,3 +892,170 @@ fn sql_takes_session_settings_from_datafusion_environment_variables() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("target_partitions"), "{stderr}");
 }
+
+/// A fresh prefix in the bucket of the local S3 server that `scripts/test.sh` starts, or
+/// `None` when run outside it (CI always runs these tests: there, a missing server fails).
+fn s3_prefix(test: &str) -> Option<String> {
+    match std::env::var("IDEM_TEST_S3_BUCKET") {
+        Ok(bucket) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            Some(format!(
+                "s3://{bucket}/{test}-{}-{nanos}",
+                std::process::id()
+            ))
+        }
+        Err(_) if std::env::var_os("CI").is_some() => {
+            panic!("IDEM_TEST_S3_BUCKET is not set: run the tests through scripts/test.sh")
+        }
+        Err(_) => {
+            eprintln!("{test}: skipped, no S3 server (scripts/test.sh starts one)");
+            None
+        }
+    }
+}
+
+fn upload(local: &Path, url: &str) {
+    let options = idem::storage::StorageOptions::default();
+    match idem::storage::Location::parse(url, &options).expect("url") {
+        idem::storage::Location::Remote(remote) => remote.upload(local).expect("upload"),
+        idem::storage::Location::Local(_) => panic!("{url} is not remote"),
+    }
+}
+
+fn object_exists(url: &str) -> bool {
+    let options = idem::storage::StorageOptions::default();
+    match idem::storage::Location::parse(url, &options).expect("url") {
+        idem::storage::Location::Remote(remote) => remote.is_object().expect("head"),
+        idem::storage::Location::Local(_) => panic!("{url} is not remote"),
+    }
+}
+
+/// A secret that must never be printed; the test server accepts any credentials.
+const SECRET: &str = "idem-test-secret-never-printed";
+
+#[test]
+fn dedup_reads_and_writes_s3_with_the_bytes_of_a_local_run() {
+    let Some(prefix) = s3_prefix("dedup") else {
+        return;
+    };
+    let dir = TempDir::new().expect("tmp");
+    let mut sample_files: Vec<PathBuf> = std::fs::read_dir(sample())
+        .expect("sample")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    sample_files.sort();
+    for file in &sample_files {
+        let name = file.file_name().and_then(|n| n.to_str()).expect("name");
+        upload(file, &format!("{prefix}/events/{name}"));
+    }
+    let local = dir.path().join("local.parquet");
+    let local_stats = dedup_ok(&[&sample(), "--op", "op", "-o", p(&local)]);
+    let local_bytes = std::fs::read(&local).expect("local output");
+
+    let run = |args: &[&str]| -> Output {
+        idem()
+            .arg("dedup")
+            .args(args)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .output()
+            .expect("run")
+    };
+    let stats_of = |output: &Output| -> Value {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(!text.contains(SECRET));
+        serde_json::from_str(&text).expect("stats")
+    };
+
+    // Prefix in, one object out; read back, it dedups to the local run's bytes.
+    let out = format!("{prefix}/out.parquet");
+    let events = format!("{prefix}/events");
+    let stats = stats_of(&run(&[&events, "--op", "op", "-o", &out, "--stats", "-"]));
+    assert_eq!(stats["rows_out"], local_stats["rows_out"]);
+    assert_eq!(stats["output"], out.as_str());
+    assert!(
+        stats["inputs"][0]["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(&events)),
+        "{stats}"
+    );
+    let back = dir.path().join("back.parquet");
+    stats_of(&run(&[&out, "--op", "op", "-o", p(&back), "--stats", "-"]));
+    assert!(std::fs::read(&back).expect("back") == local_bytes);
+
+    // A glob in, a directory of parts out (replacing what was there); read back the same.
+    let parts = format!("{prefix}/parts");
+    upload(&local, &format!("{parts}/stale.parquet"));
+    let glob = format!("{prefix}/events/*.parquet");
+    let stats = stats_of(&run(&[
+        &glob,
+        "--op",
+        "op",
+        "-o",
+        &parts,
+        "--max-rows-per-file",
+        "1000",
+        "--stats",
+        "-",
+    ]));
+    let written = stats["output_files"].as_array().expect("files").len();
+    assert!(written > 1, "{stats}");
+    assert!(!object_exists(&format!("{parts}/stale.parquet")));
+    let back = dir.path().join("back-parts.parquet");
+    stats_of(&run(&[
+        &parts,
+        "--op",
+        "op",
+        "-o",
+        p(&back),
+        "--stats",
+        "-",
+    ]));
+    assert!(std::fs::read(&back).expect("back") == local_bytes);
+
+    // Errors name the URL, never the secret, and leave no output behind.
+    let failed_out = format!("{prefix}/failed.parquet");
+    for (args, expected) in [
+        (
+            vec![events.as_str(), "--key", "nope", "-o", failed_out.as_str()],
+            "key column 'nope' not found",
+        ),
+        (
+            vec![&format!("{prefix}/missing"), "-o", failed_out.as_str()],
+            "missing",
+        ),
+    ] {
+        let output = run(&args);
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+        assert!(stderr.contains(&prefix), "{stderr}");
+        assert!(!stderr.contains(SECRET), "{stderr}");
+        assert!(!object_exists(&failed_out));
+    }
+
+    #[cfg(feature = "sql")]
+    {
+        let query = format!(
+            "SELECT count(*) AS n FROM dedup('{events}', 'event_id,sequence', 'lsn', 'op=op')"
+        );
+        let output = idem()
+            .args(["sql", &query])
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .output()
+            .expect("sql");
+        let table = String::from_utf8_lossy(&output.stdout);
+        let rows_out = local_stats["rows_out"].as_u64().expect("rows_out");
+        assert!(
+            table.contains(&format!("| {rows_out} |")),
+            "{table}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

@@ -15,7 +15,7 @@
 //! the number of distinct keys rather than the width or length of the input.
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs};
 use crate::output::OutputWriter;
 use crate::schema::{conform, unify};
+use crate::storage::StorageOptions;
 
 /// Default rows per part file of a directory output.
 pub const DEFAULT_MAX_ROWS_PER_FILE: usize = 10_000_000;
@@ -38,8 +39,8 @@ pub const DEFAULT_MAX_ROWS_PER_FILE: usize = 10_000_000;
 pub struct DedupJob {
     /// Files, directories or globs, in input order.
     pub inputs: Vec<String>,
-    /// A `.parquet` file, or a directory of parts.
-    pub output: PathBuf,
+    /// A `.parquet` file, or a directory of parts: a local path or a URL.
+    pub output: String,
     /// Key, version and policies.
     pub spec: DedupSpec,
     /// Rows per part file of a directory output.
@@ -47,17 +48,20 @@ pub struct DedupJob {
     /// Bytes the dedup's state may use (`--memory-limit`); beyond it, pass 1 runs one key
     /// partition at a time through spill files. `None`: no limit.
     pub memory_limit: Option<u64>,
+    /// Configuration of object stores, over what the environment gives.
+    pub storage: StorageOptions,
 }
 
 impl DedupJob {
     /// A job with the default spec.
-    pub fn new(inputs: Vec<String>, output: impl Into<PathBuf>) -> Self {
+    pub fn new(inputs: Vec<String>, output: impl Into<String>) -> Self {
         Self {
             inputs,
             output: output.into(),
             spec: DedupSpec::default(),
             max_rows_per_file: DEFAULT_MAX_ROWS_PER_FILE,
             memory_limit: None,
+            storage: StorageOptions::default(),
         }
     }
 }
@@ -130,7 +134,7 @@ impl DedupReport {
             key: job.spec.keys.clone(),
             version: job.spec.versions.clone(),
             on_tie: job.spec.options.on_tie.to_string(),
-            output: job.output.display().to_string(),
+            output: job.output.clone(),
             output_files: Vec::new(),
             inputs: files
                 .iter()
@@ -152,7 +156,7 @@ impl DedupReport {
 /// Opens the inputs, unifies their schemas and checks that every file has the columns the
 /// spec reads.
 fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
-    let paths = expand_inputs(&job.inputs)?;
+    let paths = expand_inputs(&job.inputs, &job.storage)?;
     let files: Vec<InputFile> = paths
         .iter()
         .map(|p| InputFile::open(p))
@@ -214,10 +218,11 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
     let write_started = Instant::now();
     let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
-    let mut writer = OutputWriter::try_new(
+    let mut writer = OutputWriter::create(
         &job.output,
         std::sync::Arc::clone(&schema),
         job.max_rows_per_file,
+        &job.storage,
     )?;
     progress.phase(
         "writing",

@@ -71,6 +71,14 @@ pub enum Error {
         /// The column.
         column: String,
     },
+    /// An object store refused or failed a request (credentials are never part of it).
+    #[error("{url}: {source}")]
+    Storage {
+        /// The object or prefix.
+        url: String,
+        /// The cause.
+        source: object_store::Error,
+    },
     /// A SQL statement failed to plan or run.
     #[cfg(feature = "sql")]
     #[error("{0}")]

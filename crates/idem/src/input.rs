@@ -1,7 +1,8 @@
-//! Finding and opening input files: Parquet and Arrow IPC, local paths, directories, globs.
+//! Finding and opening input files: Parquet and Arrow IPC, local paths, directories, globs,
+//! and the same on object storage (see [`crate::storage`]).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,8 +15,10 @@ use parquet::arrow::arrow_reader::{
     RowSelector,
 };
 use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::reader::ChunkReader;
 
 use crate::error::{Error, Result};
+use crate::storage::{Location, RemoteFile, StorageOptions};
 
 /// Rows per batch when reading.
 const BATCH_SIZE: usize = 8192;
@@ -29,10 +32,42 @@ enum Format {
     Ipc { stream: bool },
 }
 
+/// Where an input file's bytes are.
+#[derive(Debug, Clone)]
+pub enum InputSource {
+    /// A local file.
+    Local(PathBuf),
+    /// An object in a store.
+    Remote(RemoteFile),
+}
+
+impl InputSource {
+    /// The file's path, or the object's URL as a path, for messages and stats.
+    pub fn path(&self) -> PathBuf {
+        match self {
+            Self::Local(path) => path.clone(),
+            Self::Remote(remote) => remote.display_path(),
+        }
+    }
+
+    /// A sequential reader from the start.
+    fn reader(&self) -> Result<Box<dyn ReadSeek>> {
+        match self {
+            Self::Local(path) => Ok(Box::new(File::open(path).map_err(Error::io(path))?)),
+            Self::Remote(remote) => Ok(Box::new(remote.reader())),
+        }
+    }
+}
+
+/// What Arrow's IPC readers read from.
+trait ReadSeek: Read + Seek + Send {}
+impl<T: Read + Seek + Send> ReadSeek for T {}
+
 /// One input file, opened far enough to know its schema and row count.
 #[derive(Debug, Clone)]
 pub struct InputFile {
     path: PathBuf,
+    source: InputSource,
     format: Format,
     schema: SchemaRef,
     num_rows: u64,
@@ -75,12 +110,14 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Expands the inputs, in the order given: a file is itself, a directory every data file
-/// below it in sorted path order, a glob its matches in sorted order.
+/// Expands the inputs, in the order given: a file or object is itself, a directory or
+/// prefix every data file below it in sorted order, a glob its matches in sorted order.
+/// Inputs are local paths or URLs (`s3://bucket/prefix/*.parquet`).
 ///
 /// # Errors
-/// An empty list, a path that does not exist, or a directory or glob with no data files.
-pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
+/// An empty list, a path that does not exist, a directory, prefix or glob with no data
+/// files, or a store that cannot be listed.
+pub fn expand_inputs(inputs: &[String], storage: &StorageOptions) -> Result<Vec<InputSource>> {
     if inputs.is_empty() {
         return Err(Error::NoInput(
             "give at least one file, directory or glob".to_owned(),
@@ -88,36 +125,16 @@ pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
     }
     let mut files = Vec::new();
     for input in inputs {
-        let path = Path::new(input);
-        let found: Vec<PathBuf> = if path.is_dir() {
-            let mut found = Vec::new();
-            walk(path, &mut found)?;
-            found.sort();
-            found
-        } else if path.exists() {
-            vec![path.to_path_buf()]
-        } else if input.contains(['*', '?', '[']) {
-            let pattern = glob::glob(input)
-                .map_err(|e| Error::InvalidArgument(format!("bad glob '{input}': {e}")))?;
-            let mut found = Vec::new();
-            for entry in pattern {
-                let entry = entry.map_err(|e| Error::InvalidArgument(format!("{input}: {e}")))?;
-                if entry.is_dir() {
-                    walk(&entry, &mut found)?;
-                } else if is_data_file(&entry) && !is_hidden(&entry) {
-                    found.push(entry);
-                }
-            }
-            found.sort();
-            found
-        } else {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no such file or directory",
-                ),
-            });
+        let found: Vec<InputSource> = match Location::parse(input, storage)? {
+            Location::Local(path) => expand_local(input, &path)?
+                .into_iter()
+                .map(InputSource::Local)
+                .collect(),
+            Location::Remote(remote) => remote
+                .expand(is_data_file)?
+                .into_iter()
+                .map(InputSource::Remote)
+                .collect(),
         };
         if found.is_empty() {
             return Err(Error::NoInput(format!(
@@ -129,38 +146,73 @@ pub fn expand_inputs(inputs: &[String]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+fn expand_local(input: &str, path: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    if path.is_dir() {
+        walk(path, &mut found)?;
+    } else if path.exists() {
+        found.push(path.to_path_buf());
+    } else if input.contains(['*', '?', '[']) {
+        let pattern = glob::glob(&path.to_string_lossy())
+            .map_err(|e| Error::InvalidArgument(format!("bad glob '{input}': {e}")))?;
+        for entry in pattern {
+            let entry = entry.map_err(|e| Error::InvalidArgument(format!("{input}: {e}")))?;
+            if entry.is_dir() {
+                walk(&entry, &mut found)?;
+            } else if is_data_file(&entry) && !is_hidden(&entry) {
+                found.push(entry);
+            }
+        }
+    } else {
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        });
+    }
+    found.sort();
+    Ok(found)
+}
+
 impl InputFile {
     /// Opens a file far enough to read its schema and row count. The format comes from the
     /// content (Parquet's `PAR1`, Arrow's `ARROW1`), not the name.
     ///
     /// # Errors
     /// An unreadable, corrupt or truncated file, or one in neither format.
-    pub fn open(path: &Path) -> Result<Self> {
-        let mut file = File::open(path).map_err(Error::io(path))?;
+    pub fn open(source: &InputSource) -> Result<Self> {
+        let path = source.path();
         let mut magic = [0u8; 6];
-        let read = file.read(&mut magic).map_err(Error::io(path))?;
+        let read = read_up_to(&mut *source.reader()?, &mut magic).map_err(Error::io(&path))?;
         let magic = &magic[..read];
         if magic.starts_with(b"PAR1") {
             let options =
                 ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-            let metadata =
-                ArrowReaderMetadata::load(&file, options).map_err(Error::parquet(path))?;
+            let metadata = match source {
+                InputSource::Local(local) => {
+                    let file = File::open(local).map_err(Error::io(local))?;
+                    ArrowReaderMetadata::load(&file, options)
+                }
+                InputSource::Remote(remote) => ArrowReaderMetadata::load(remote, options),
+            }
+            .map_err(Error::parquet(&path))?;
             let num_rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
             Ok(Self {
-                path: path.to_path_buf(),
                 schema: Arc::clone(metadata.schema()),
+                path,
+                source: source.clone(),
                 format: Format::Parquet(metadata),
                 num_rows,
             })
         } else if magic == b"ARROW1" || magic.starts_with(&[0xff; 4]) {
             // IPC block metadata carries no row counts: count by reading, once.
             let stream = magic != b"ARROW1";
-            let (schema, batches) = ipc_batches(path, stream, None)?;
+            let (schema, batches) = ipc_batches(source, stream, None)?;
             Ok(Self {
-                path: path.to_path_buf(),
+                num_rows: count_rows(batches)?,
+                path,
+                source: source.clone(),
                 format: Format::Ipc { stream },
                 schema,
-                num_rows: count_rows(batches)?,
             })
         } else {
             Err(Error::InvalidArgument(format!(
@@ -200,53 +252,83 @@ impl InputFile {
     }
 
     fn read(&self, projection: Option<Vec<usize>>, rows: Option<&[u64]>) -> Result<Batches> {
-        let path = self.path.clone();
-        match &self.format {
-            Format::Parquet(metadata) => {
-                let file = File::open(&self.path).map_err(Error::io(&self.path))?;
-                let mut builder =
-                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata.clone())
-                        .with_batch_size(BATCH_SIZE);
-                if let Some(indices) = projection {
-                    let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
-                    builder = builder.with_projection(mask);
-                }
-                if let Some(rows) = rows {
-                    builder = builder.with_row_selection(selection(rows, self.num_rows));
-                }
-                let reader = builder.build().map_err(Error::parquet(&self.path))?;
-                Ok(Box::new(
-                    reader.map(move |b| b.map_err(Error::arrow(&path))),
-                ))
+        match (&self.format, &self.source) {
+            (Format::Parquet(metadata), InputSource::Local(local)) => {
+                let file = File::open(local).map_err(Error::io(local))?;
+                self.read_parquet(file, metadata, projection, rows)
             }
-            Format::Ipc { stream } => {
-                let (_, batches) = ipc_batches(&self.path, *stream, projection)?;
+            (Format::Parquet(metadata), InputSource::Remote(remote)) => {
+                self.read_parquet(remote.clone(), metadata, projection, rows)
+            }
+            (Format::Ipc { stream }, source) => {
+                let (_, batches) = ipc_batches(source, *stream, projection)?;
                 match rows {
                     None => Ok(batches),
-                    Some(rows) => Ok(Box::new(select_rows(batches, rows.to_vec(), path))),
+                    Some(rows) => Ok(Box::new(select_rows(
+                        batches,
+                        rows.to_vec(),
+                        self.path.clone(),
+                    ))),
                 }
             }
         }
     }
+
+    fn read_parquet<R: ChunkReader + 'static>(
+        &self,
+        input: R,
+        metadata: &ArrowReaderMetadata,
+        projection: Option<Vec<usize>>,
+        rows: Option<&[u64]>,
+    ) -> Result<Batches> {
+        let mut builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(input, metadata.clone())
+                .with_batch_size(BATCH_SIZE);
+        if let Some(indices) = projection {
+            let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
+            builder = builder.with_projection(mask);
+        }
+        if let Some(rows) = rows {
+            builder = builder.with_row_selection(selection(rows, self.num_rows));
+        }
+        let reader = builder.build().map_err(Error::parquet(&self.path))?;
+        let path = self.path.clone();
+        Ok(Box::new(
+            reader.map(move |b| b.map_err(Error::arrow(&path))),
+        ))
+    }
+}
+
+/// Reads until `buffer` is full or the input ends (a short file is not an error here).
+fn read_up_to(reader: &mut dyn Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
 }
 
 /// Opens an Arrow IPC file (random-access layout) or stream.
 fn ipc_batches(
-    path: &Path,
+    source: &InputSource,
     stream: bool,
     projection: Option<Vec<usize>>,
 ) -> Result<(SchemaRef, Batches)> {
-    let file = File::open(path).map_err(Error::io(path))?;
-    let owned = path.to_path_buf();
+    let path = source.path();
+    let input = source.reader()?;
+    let owned = path.clone();
     let to_error = move |e| Error::arrow(&owned)(e);
     if stream {
-        let reader = StreamReader::try_new(file, projection).map_err(Error::arrow(path))?;
+        let reader = StreamReader::try_new(input, projection).map_err(Error::arrow(&path))?;
         Ok((
             reader.schema(),
             Box::new(reader.map(move |b| b.map_err(&to_error))),
         ))
     } else {
-        let reader = FileReader::try_new(file, projection).map_err(Error::arrow(path))?;
+        let reader = FileReader::try_new(input, projection).map_err(Error::arrow(&path))?;
         Ok((
             reader.schema(),
             Box::new(reader.map(move |b| b.map_err(&to_error))),

@@ -6,6 +6,7 @@
 //! as Parquet under a temporary name that is renamed into place only on success.
 //!
 //! * [`run_dedup`] with a [`DedupJob`]: the `idem dedup` command.
+//! * [`storage`]: inputs and outputs on object storage (`s3://`, `gs://`, `az://`).
 //! * [`generate()`]: seeded, realistic event data for samples, tests and benchmarks.
 //!
 //! ```no_run
@@ -25,6 +26,7 @@ mod output;
 pub mod schema;
 #[cfg(feature = "sql")]
 mod sql;
+pub mod storage;
 
 pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,

@@ -9,6 +9,18 @@
 //!   a half-written target.
 //!
 //! Dropping an [`OutputWriter`] without [`OutputWriter::commit`] removes the temporaries.
+//!
+//! On object storage ([`OutputWriter::create`] with a URL) the files are written to a local
+//! staging directory first and uploaded at commit:
+//!
+//! * one file is one upload, which the store makes visible only when it completes: readers
+//!   see the previous object or the new one, never part of it;
+//! * a directory's parts are uploaded under a hidden `_idem-staging-…/` prefix beside them,
+//!   then copied into place by the store, the previous output's other objects deleted and the
+//!   staging prefix removed. A failure before that last step leaves the previous output as it
+//!   was; object stores have no multi-object transaction, so a reader listing the directory
+//!   *during* it can see old and new parts together — write one file, or merge into a table,
+//!   when readers must never see that.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,6 +32,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
+use crate::storage::{Location, RemoteLocation, StorageOptions};
 
 /// Rows per row group (DuckDB writes 122,880).
 const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -45,6 +58,15 @@ pub struct OutputWriter {
     files: Vec<PathBuf>,
     created_dirs: Vec<PathBuf>,
     committed: bool,
+    /// Where to upload at commit, when the target is on object storage.
+    remote: Option<RemoteTarget>,
+}
+
+/// An object-storage target and the local directory its files are staged in.
+struct RemoteTarget {
+    location: RemoteLocation,
+    /// Removed (with the files in it) when the upload is done or abandoned.
+    _staging: tempfile::TempDir,
 }
 
 impl std::fmt::Debug for OutputWriter {
@@ -64,6 +86,42 @@ fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
 }
 
 impl OutputWriter {
+    /// Prepares to write `target`, a local path or a URL (`s3://bucket/out.parquet`); see
+    /// [`OutputWriter::try_new`] for the two kinds of target.
+    ///
+    /// # Errors
+    /// As [`OutputWriter::try_new`], or a store that cannot be configured or asked.
+    pub fn create(
+        target: &str,
+        schema: SchemaRef,
+        max_rows_per_file: usize,
+        storage: &StorageOptions,
+    ) -> Result<Self> {
+        let location = match Location::parse(target, storage)? {
+            Location::Local(path) => return Self::try_new(&path, schema, max_rows_per_file),
+            Location::Remote(location) => location,
+        };
+        let name = location.file_name().ok_or_else(|| {
+            Error::InvalidArgument(format!("output '{target}' has no file or directory name"))
+        })?;
+        let staging = tempfile::Builder::new()
+            .prefix("idem-upload-")
+            .tempdir()
+            .map_err(Error::io(std::env::temp_dir()))?;
+        let mut writer = Self::try_new(&staging.path().join(name), schema, max_rows_per_file)?;
+        if !writer.single_file && location.is_object()? {
+            return Err(Error::InvalidArgument(format!(
+                "output '{target}' is an existing object; a directory output needs a prefix \
+                 (or name the output *.parquet for one file)"
+            )));
+        }
+        writer.remote = Some(RemoteTarget {
+            location,
+            _staging: staging,
+        });
+        Ok(writer)
+    }
+
     /// Prepares to write `target` (a `.parquet` file, or else a directory of parts).
     ///
     /// # Errors
@@ -116,6 +174,7 @@ impl OutputWriter {
             files: Vec::new(),
             created_dirs,
             committed: false,
+            remote: None,
         };
         if !single_file {
             std::fs::create_dir(&writer.temp).map_err(Error::io(&writer.temp))?;
@@ -221,8 +280,18 @@ impl OutputWriter {
         Ok(())
     }
 
-    /// Finishes the files and moves them into place. Returns the final file paths.
+    /// Finishes the files and moves them into place (uploads them, for a URL target).
+    /// Returns the final file paths (URLs as paths).
     pub fn commit(mut self) -> Result<Vec<PathBuf>> {
+        let remote = self.remote.take();
+        let files = self.commit_local()?;
+        match remote {
+            None => Ok(files),
+            Some(remote) => publish(&remote, &files),
+        }
+    }
+
+    fn commit_local(mut self) -> Result<Vec<PathBuf>> {
         self.write_pending()?;
         self.close_part()?;
         if self.single_file {
@@ -249,6 +318,68 @@ impl OutputWriter {
             .filter_map(|f| f.file_name().map(|n| self.target.join(n)))
             .collect())
     }
+}
+
+/// Uploads committed local files to the remote target (see the module docs).
+fn publish(remote: &RemoteTarget, files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let target = &remote.location;
+    let [file] = files else {
+        return publish_parts(target, files);
+    };
+    if target.file_name().is_some_and(|n| n.ends_with(".parquet")) && file.is_file() {
+        target.upload(file)?;
+        return Ok(vec![target.display_path()]);
+    }
+    publish_parts(target, files)
+}
+
+fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let staging = target.join(&format!(
+        "_idem-staging-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let mut staged = Vec::new();
+    for file in files {
+        let uploaded = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::InvalidArgument(format!("bad part {}", file.display())))
+            .and_then(|name| {
+                let object = staging.join(name);
+                object.upload(file)?;
+                Ok((name.to_owned(), object))
+            });
+        match uploaded {
+            Ok(part) => staged.push(part),
+            Err(e) => {
+                // Best effort: the staging prefix is hidden from readers either way.
+                for (_, object) in &staged {
+                    let _ = object.delete();
+                }
+                return Err(e);
+            }
+        }
+    }
+    let previous = target.objects_below()?;
+    let mut published = Vec::new();
+    for (name, object) in &staged {
+        let destination = target.join(name);
+        object.copy_to(&destination)?;
+        published.push(destination);
+    }
+    let kept: Vec<String> = published.iter().map(RemoteLocation::url).collect();
+    for old in previous {
+        if !kept.contains(&old.url()) {
+            old.delete()?;
+        }
+    }
+    for (_, object) in &staged {
+        object.delete()?;
+    }
+    Ok(published.iter().map(RemoteLocation::display_path).collect())
 }
 
 impl Drop for OutputWriter {

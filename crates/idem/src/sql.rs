@@ -1,16 +1,52 @@
 //! `idem sql`: one SQL statement in a DataFusion session with idem's functions registered.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
+use object_store::ObjectStore;
+use url::Url;
 
 use crate::error::{Error, Result};
 use crate::output::OutputWriter;
+use crate::storage::{StorageOptions, object_store_for};
+
+/// DataFusion's registry, which also builds a store the first time a query names an
+/// `s3://`, `gs://`, `az://` or `memory://` URL, configured like idem's own inputs.
+#[derive(Debug)]
+struct StorageRegistry {
+    known: DefaultObjectStoreRegistry,
+    options: StorageOptions,
+}
+
+impl ObjectStoreRegistry for StorageRegistry {
+    fn register_store(
+        &self,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        self.known.register_store(url, store)
+    }
+
+    fn deregister_store(&self, url: &Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        self.known.deregister_store(url)
+    }
+
+    fn get_store(&self, url: &Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        self.known.get_store(url).or_else(|unknown| {
+            let Ok(store) = object_store_for(url, &self.options) else {
+                return Err(unknown);
+            };
+            self.known.register_store(url, Arc::clone(&store));
+            Ok(store)
+        })
+    }
+}
 
 /// What a statement produced.
 #[derive(Debug)]
@@ -27,14 +63,19 @@ pub enum SqlOutput {
 }
 
 /// A session like `datafusion-cli`'s: idem registered, file paths usable as table
-/// names (`SELECT * FROM 'data/events/*.parquet'`), and settings taken from `DATAFUSION_*`
+/// names (`SELECT * FROM 'data/events/*.parquet'`, also `s3://…` URLs, configured from
+/// the environment and `storage`), and settings taken from `DATAFUSION_*`
 /// environment variables (`DATAFUSION_EXECUTION_TARGET_PARTITIONS=4`). With `memory_limit`, operators share
 /// a pool of that many bytes and spill (sorts, aggregates, `DedupExec`) when it is full.
 ///
 /// # Errors
 /// The runtime cannot be built, or a `DATAFUSION_*` variable does not parse.
-pub fn session(memory_limit: Option<u64>) -> Result<SessionContext> {
-    let mut runtime = RuntimeEnvBuilder::new();
+pub fn session(memory_limit: Option<u64>, storage: &StorageOptions) -> Result<SessionContext> {
+    let mut runtime =
+        RuntimeEnvBuilder::new().with_object_store_registry(Arc::new(StorageRegistry {
+            known: DefaultObjectStoreRegistry::new(),
+            options: storage.clone(),
+        }));
     if let Some(limit) = memory_limit {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
@@ -48,30 +89,31 @@ pub fn session(memory_limit: Option<u64>) -> Result<SessionContext> {
     Ok(ctx)
 }
 
-/// Runs `query`; with `output`, streams its result into Parquet there (atomically, as
-/// `idem dedup` writes), otherwise returns the rows.
+/// Runs `query`; with `output` (a path or URL), streams its result into Parquet there
+/// (atomically, as `idem dedup` writes), otherwise returns the rows.
 ///
 /// # Errors
 /// Planning or execution errors, or a failure to write the output.
 pub fn run_sql(
     query: &str,
-    output: Option<&Path>,
+    output: Option<&str>,
     max_rows_per_file: usize,
     memory_limit: Option<u64>,
+    storage: &StorageOptions,
 ) -> Result<SqlOutput> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Error::io("tokio runtime"))?;
     runtime.block_on(async {
-        let ctx = session(memory_limit)?;
+        let ctx = session(memory_limit, storage)?;
         let frame = ctx.sql(query).await?;
         match output {
             None => Ok(SqlOutput::Rows(frame.collect().await?)),
             Some(path) => {
                 let mut stream = frame.execute_stream().await?;
                 let schema = Arc::clone(&stream.schema());
-                let mut writer = OutputWriter::try_new(path, schema, max_rows_per_file)?;
+                let mut writer = OutputWriter::create(path, schema, max_rows_per_file, storage)?;
                 let mut rows = 0u64;
                 while let Some(batch) = stream.next().await {
                     let batch = batch?;
