@@ -157,10 +157,7 @@ impl DedupReport {
 /// spec reads.
 fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
     let paths = expand_inputs(&job.inputs, &job.storage)?;
-    let files: Vec<InputFile> = paths
-        .iter()
-        .map(|p| InputFile::open(p))
-        .collect::<Result<_>>()?;
+    let files: Vec<InputFile> = paths.iter().map(InputFile::open).collect::<Result<_>>()?;
     let schema = unify(files.iter().map(|f| (f.path(), f.schema())))?;
     let required = job
         .spec
