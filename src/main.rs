@@ -33,6 +33,11 @@ enum Command {
     /// the result or writing it as Parquet.
     #[cfg(feature = "sql")]
     Sql(SqlArgs),
+    /// Check that a target holds exactly what a dedup of the sources gives: counts,
+    /// checksums, and the first missing, extra, duplicated and differing rows. Exit code
+    /// 0: it does; 1: it does not; 2: error.
+    #[command(disable_version_flag = true)]
+    Verify(VerifyArgs),
     /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
     Generate(GenerateArgs),
 }
@@ -59,16 +64,9 @@ struct SqlArgs {
     storage_options: Vec<String>,
 }
 
+/// Key, version and policies, shared by the commands that dedup.
 #[derive(Debug, Args)]
-struct DedupArgs {
-    /// Parquet or Arrow IPC files, directories (every such file below, in sorted path
-    /// order) or globs, in input order; local paths or URLs (s3://, gs://, az://, file://).
-    #[arg(required = true, value_name = "INPUT")]
-    inputs: Vec<String>,
-    /// Output: a path or URL ending in .parquet is one file; anything else a directory of
-    /// parts.
-    #[arg(short, long, value_name = "PATH|URL")]
-    output: String,
+struct SpecArgs {
     /// Key columns.
     #[arg(
         long,
@@ -104,6 +102,61 @@ struct DedupArgs {
     /// fail if the tied rows differ.
     #[arg(long, value_name = "first|last|error", default_value = "first")]
     on_tie: TiePolicy,
+}
+
+impl SpecArgs {
+    fn into_spec(self) -> DedupSpec {
+        let mut options = DedupOptions::default().with_on_tie(self.on_tie);
+        if let Some(op) = self.op {
+            options = options.with_deletes(DeletePolicy {
+                op_column: op,
+                delete_values: self.delete_values,
+                keep_tombstones: self.keep_tombstones,
+            });
+        }
+        DedupSpec::new(self.key, self.versions).with_options(options)
+    }
+}
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// The sources: files, directories, globs or URLs, as given to `idem dedup`.
+    #[arg(long, required = true, num_args = 1.., value_name = "INPUT")]
+    source: Vec<String>,
+    /// The target to check: files, directories, globs or URLs.
+    #[arg(long, required = true, num_args = 1.., value_name = "PATH|URL")]
+    target: Vec<String>,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Rows of each kind of difference to describe.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    max_report: usize,
+    /// Memory for the sources' dedup, as for `idem dedup --memory-limit`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<u64>,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct DedupArgs {
+    /// Parquet or Arrow IPC files, directories (every such file below, in sorted path
+    /// order) or globs, in input order; local paths or URLs (s3://, gs://, az://, file://).
+    #[arg(required = true, value_name = "INPUT")]
+    inputs: Vec<String>,
+    /// Output: a path or URL ending in .parquet is one file; anything else a directory of
+    /// parts.
+    #[arg(short, long, value_name = "PATH|URL")]
+    output: String,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Write the run's statistics as one JSON object to PATH, or to stdout with '-'.
     #[arg(long, value_name = "PATH|-")]
     stats: Option<String>,
@@ -227,19 +280,10 @@ fn print_stdout(text: &str) -> Result<(), String> {
 }
 
 fn dedup(args: DedupArgs) -> Result<(), String> {
-    let mut options = DedupOptions::default().with_on_tie(args.on_tie);
-    if let Some(op) = args.op {
-        options = options.with_deletes(DeletePolicy {
-            op_column: op,
-            delete_values: args.delete_values,
-            keep_tombstones: args.keep_tombstones,
-        });
-    }
-    let spec = DedupSpec::new(args.key, args.versions).with_options(options);
     let job = DedupJob {
         inputs: args.inputs,
         output: args.output,
-        spec,
+        spec: args.spec.into_spec(),
         max_rows_per_file: args.max_rows_per_file,
         memory_limit: args.memory_limit,
         storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
@@ -360,9 +404,82 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     message
 }
 
+/// Exit code of `idem verify` for a target that differs.
+const MISMATCH: u8 = 1;
+/// Exit code of `idem verify` for an error.
+const VERIFY_ERROR: u8 = 2;
+
+fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
+    let job = idem::VerifyJob {
+        sources: args.source,
+        target: args.target,
+        spec: args.spec.into_spec(),
+        memory_limit: args.memory_limit,
+        max_report: args.max_report,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+    };
+    let bar = Bar::new(args.quiet);
+    let result = idem::run_verify(&job, &bar);
+    bar.0.finish_and_clear();
+    let report = result.map_err(|e| error_chain(&e))?;
+    if args.json {
+        print_stdout(&serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
+    } else {
+        print_stdout(&verify_text(&report))?;
+    }
+    Ok(if report.matches {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(MISMATCH)
+    })
+}
+
+fn verify_text(report: &idem::VerifyReport) -> String {
+    let mut text = format!(
+        "{}: expected {} rows (checksum {}), target has {} (checksum {})\n\
+         matching {}, missing {}, extra {}, duplicated {}, differing {}",
+        if report.matches { "MATCH" } else { "MISMATCH" },
+        thousands(report.expected_rows),
+        report.expected_checksum,
+        thousands(report.target_rows),
+        report.target_checksum,
+        thousands(report.matching_rows),
+        thousands(report.missing_rows),
+        thousands(report.extra_rows),
+        thousands(report.duplicate_rows),
+        thousands(report.differing_rows),
+    );
+    let mut list = |title: &str, items: &[String]| {
+        if !items.is_empty() {
+            text.push_str(&format!("\n{title}:"));
+            for item in items {
+                text.push_str(&format!("\n  {item}"));
+            }
+        }
+    };
+    list("columns missing from the target", &report.missing_columns);
+    list("columns only in the target", &report.extra_columns);
+    list("missing rows", &report.missing);
+    list("extra rows", &report.extra);
+    list("duplicated keys", &report.duplicates);
+    let differing: Vec<String> = report
+        .differing
+        .iter()
+        .map(|d| format!("{} (columns: {})", d.key, d.columns.join(", ")))
+        .collect();
+    list("differing rows", &differing);
+    text
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Verify(args) => {
+            return verify(args).unwrap_or_else(|message| {
+                eprintln!("idem: error: {message}");
+                ExitCode::from(VERIFY_ERROR)
+            });
+        }
         Command::Dedup(args) => dedup(args),
         #[cfg(feature = "sql")]
         Command::Sql(args) => sql(args),

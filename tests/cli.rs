@@ -1059,3 +1059,163 @@ fn dedup_reads_and_writes_s3_with_the_bytes_of_a_local_run() {
         );
     }
 }
+
+/// Runs `idem verify`, returns its exit code and JSON report.
+fn verify(source: &Path, target: &Path) -> (Option<i32>, Value) {
+    let output = idem()
+        .args(["verify", "--source", p(source), "--target", p(target)])
+        .args(["--op", "op", "--json", "-q"])
+        .output()
+        .expect("verify");
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "no JSON report: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code(), report)
+}
+
+/// Writes `batches` (of `schema`) to `path` as one Parquet file.
+fn write_batches(path: &Path, batches: &[RecordBatch]) {
+    let file = std::fs::File::create(path).expect("create");
+    let mut writer = ArrowWriter::try_new(file, batches[0].schema(), None).expect("writer");
+    for batch in batches {
+        writer.write(batch).expect("write");
+    }
+    writer.close().expect("close");
+}
+
+/// `batch` with `column` replaced by `values`.
+fn with_column(batch: &RecordBatch, column: &str, values: ArrayRef) -> RecordBatch {
+    let index = batch.schema().index_of(column).expect("column");
+    let mut columns = batch.columns().to_vec();
+    columns[index] = values;
+    RecordBatch::try_new(batch.schema(), columns).expect("batch")
+}
+
+#[test]
+fn verify_finds_each_kind_of_difference_on_a_million_rows() {
+    let dir = TempDir::new().expect("tmp");
+    // An empty payload everywhere, so that one null among them is the difference to find.
+    let input = generate(
+        dir.path(),
+        &["--rows", "1000000", "--files", "4", "--payload-bytes", "0"],
+    );
+    let good = dir.path().join("good.parquet");
+    dedup_ok(&[p(&input), "--op", "op", "-o", p(&good)]);
+    let (code, report) = verify(&input, &good);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["matches"], true);
+    assert_eq!(report["expected_checksum"], report["target_checksum"]);
+    let rows = report["expected_rows"].as_u64().expect("rows");
+    assert_eq!(report["matching_rows"].as_u64(), Some(rows));
+
+    let all = read_output(&good);
+    let middle = all.num_rows() / 2;
+    let (head, one, tail) = (
+        all.slice(0, middle),
+        all.slice(middle, 1),
+        all.slice(middle + 1, all.num_rows() - middle - 1),
+    );
+    let strings = |values: Vec<Option<&str>>| Arc::new(StringArray::from(values)) as ArrayRef;
+    let status = column_strings(&one, "status")[0].clone();
+    let flipped = with_column(
+        &one,
+        "status",
+        strings(vec![Some(if status == "paid" {
+            "refunded"
+        } else {
+            "paid"
+        })]),
+    );
+    let nulled = with_column(&one, "payload", strings(vec![None]));
+    let mut stranger = with_column(&one, "event_id", strings(vec![Some("not-an-event")]));
+    stranger = with_column(&stranger, "status", strings(vec![Some("paid")]));
+    let cases: Vec<(&str, Vec<RecordBatch>, &str, Option<&str>)> = vec![
+        (
+            "flipped",
+            vec![head.clone(), flipped, tail.clone()],
+            "differing_rows",
+            Some("status"),
+        ),
+        (
+            "null",
+            vec![head.clone(), nulled, tail.clone()],
+            "differing_rows",
+            Some("payload"),
+        ),
+        (
+            "missing",
+            vec![head.clone(), tail.clone()],
+            "missing_rows",
+            None,
+        ),
+        ("extra", vec![all.clone(), stranger], "extra_rows", None),
+        (
+            "duplicated",
+            vec![all.clone(), one.clone()],
+            "duplicate_rows",
+            None,
+        ),
+    ];
+    let targets: Vec<PathBuf> = cases
+        .iter()
+        .map(|(name, batches, _, _)| {
+            let target = dir.path().join(format!("{name}.parquet"));
+            write_batches(&target, batches);
+            target
+        })
+        .collect();
+    // The runs are independent: all at once, they share both cores.
+    let reports: Vec<(Option<i32>, Value)> = std::thread::scope(|scope| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|target| scope.spawn(|| verify(&input, target)))
+            .collect();
+        running
+            .into_iter()
+            .map(|run| run.join().expect("verify thread"))
+            .collect()
+    });
+    for ((name, _, counter, column), (code, report)) in cases.into_iter().zip(reports) {
+        assert_eq!(code, Some(1), "{name}: {report}");
+        assert_eq!(report["matches"], false, "{name}");
+        assert_eq!(report[counter], 1, "{name}: {report}");
+        let differences: u64 = [
+            "missing_rows",
+            "extra_rows",
+            "differing_rows",
+            "duplicate_rows",
+        ]
+        .iter()
+        .map(|k| report[*k].as_u64().expect("count"))
+        .sum();
+        assert_eq!(differences, 1, "{name}: {report}");
+        let listed = match counter {
+            "missing_rows" => &report["missing"],
+            "extra_rows" => &report["extra"],
+            "duplicate_rows" => &report["duplicates"],
+            _ => &report["differing"],
+        };
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{name}: {report}");
+        if let Some(column) = column {
+            assert_eq!(
+                report["differing"][0]["columns"],
+                serde_json::json!([column])
+            );
+        }
+        if name != "duplicated" && name != "extra" {
+            assert_ne!(report["expected_checksum"], report["target_checksum"]);
+        }
+    }
+
+    // An unreadable target is an error (2), not a mismatch.
+    let output = idem()
+        .args(["verify", "--source", p(&input), "--target"])
+        .arg(dir.path().join("absent.parquet"))
+        .output()
+        .expect("verify");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("absent.parquet"));
+}

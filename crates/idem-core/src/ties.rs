@@ -7,22 +7,19 @@
 //! (`conflicts`) from a 128-bit hash of each tied row's non-key columns in Arrow's row
 //! format, and fails at the first one under [`TiePolicy::Error`].
 
-use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Schema};
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
 use arrow::error::ArrowError;
-use arrow::row::{RowConverter, SortField};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use twox_hash::XxHash3_128;
 
 use crate::options::{DedupSpec, TiePolicy};
+use crate::rowhash::RowHasher;
 
 /// Compares the tie rows of a [`crate::Resolution`] group by group.
 #[derive(Debug)]
 pub struct TieCheck {
     spec: DedupSpec,
-    content: Vec<String>,
-    converter: Option<RowConverter>,
+    content: RowHasher,
     first_hash: Vec<Option<u128>>,
     conflicted: Vec<bool>,
     conflicts: u64,
@@ -34,25 +31,15 @@ impl TieCheck {
     /// # Errors
     /// A non-key column of a type Arrow's row format cannot encode.
     pub fn try_new(schema: &Schema, spec: &DedupSpec, groups: u32) -> Result<Self, ArrowError> {
-        let content_fields: Vec<_> = schema
+        let content: Vec<String> = schema
             .fields()
             .iter()
             .filter(|f| !spec.keys.contains(f.name()))
+            .map(|f| f.name().clone())
             .collect();
-        let converter = if content_fields.is_empty() {
-            None
-        } else {
-            Some(RowConverter::new(
-                content_fields
-                    .iter()
-                    .map(|f| SortField::new(content_type(f.data_type())))
-                    .collect(),
-            )?)
-        };
         Ok(Self {
             spec: spec.clone(),
-            content: content_fields.iter().map(|f| f.name().clone()).collect(),
-            converter,
+            content: RowHasher::try_new(schema, &content)?,
             first_hash: vec![None; groups as usize],
             conflicted: vec![false; groups as usize],
             conflicts: 0,
@@ -69,25 +56,7 @@ impl TieCheck {
     /// # Errors
     /// Under [`TiePolicy::Error`], the first conflicting key, named with its key and version.
     pub fn observe(&mut self, batch: &RecordBatch, groups: &[u32]) -> Result<(), ArrowError> {
-        let hashes: Vec<u128> = match &self.converter {
-            None => vec![0; batch.num_rows()],
-            Some(converter) => {
-                let columns: Vec<ArrayRef> = self
-                    .content
-                    .iter()
-                    .map(|name| {
-                        let column = batch.column_by_name(name).ok_or_else(|| {
-                            ArrowError::SchemaError(format!("column '{name}' not found"))
-                        })?;
-                        cast(column, &content_type(column.data_type()))
-                    })
-                    .collect::<Result<_, _>>()?;
-                let rows = converter.convert_columns(&columns)?;
-                rows.iter()
-                    .map(|row| XxHash3_128::oneshot(row.as_ref()))
-                    .collect()
-            }
-        };
+        let hashes = self.content.hash(batch)?;
         for (row, (&group, hash)) in groups.iter().zip(hashes).enumerate() {
             let g = group as usize;
             match self.first_hash[g] {
@@ -107,17 +76,6 @@ impl TieCheck {
             }
         }
         Ok(())
-    }
-}
-
-/// One type per logical content, so that batches whose layouts differ (dictionary or plain,
-/// view or offset strings) compare by value.
-fn content_type(data_type: &DataType) -> DataType {
-    match data_type {
-        DataType::Dictionary(_, values) => content_type(values),
-        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
-        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
-        other => other.clone(),
     }
 }
 

@@ -200,6 +200,59 @@ fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
 /// `--on-tie error`, or a failure to write the output.
 pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport> {
     let started = Instant::now();
+    let (writer, run) = dedup_rows(
+        job,
+        progress,
+        |schema| {
+            OutputWriter::create(
+                &job.output,
+                std::sync::Arc::clone(schema),
+                job.max_rows_per_file,
+                &job.storage,
+            )
+        },
+        |writer, kept| writer.write(&kept),
+    )?;
+    let output_files = writer.commit()?;
+    let mut report = DedupReport::new(job, &run.files, run.stats);
+    report.key_partitions = run.key_partitions;
+    report.output_files = output_files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    report.table_bytes = run.table_bytes;
+    report.decide_seconds = run.decide_seconds;
+    report.write_seconds = run.fetch_started.elapsed().as_secs_f64();
+    report.elapsed_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// What a dedup of some inputs found, besides its rows.
+pub(crate) struct DedupRun {
+    /// The inputs, opened.
+    pub files: Vec<InputFile>,
+    /// Their unified schema, the schema of the rows.
+    pub schema: SchemaRef,
+    /// The counts, conflicts included.
+    pub stats: DedupStats,
+    /// Key partitions of the first pass.
+    pub key_partitions: u32,
+    /// The key table's largest size.
+    pub table_bytes: u64,
+    /// Wall time of the first pass.
+    pub decide_seconds: f64,
+    /// When the second pass started.
+    pub fetch_started: Instant,
+}
+
+/// The two passes of a dedup of `job`'s inputs, without the output: `open` makes a sink once
+/// the schema is known, and `sink` gets every batch of winning rows, in output order.
+pub(crate) fn dedup_rows<S>(
+    job: &DedupJob,
+    progress: &dyn Progress,
+    open: impl FnOnce(&SchemaRef) -> Result<S>,
+    mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
+) -> Result<(S, DedupRun)> {
     let (files, schema) = open_inputs(job)?;
     let first_path = files
         .first()
@@ -211,16 +264,11 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
     let mut decision = decide(&job.spec, &files, &schema, job.memory_limit, progress)?;
     let decide_seconds = decide_started.elapsed().as_secs_f64();
 
-    // Pass 2: fetch the kept rows (and tied rows, to compare them) and write.
-    let write_started = Instant::now();
+    // Pass 2: fetch the kept rows (and tied rows, to compare them).
+    let fetch_started = Instant::now();
     let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
-    let mut writer = OutputWriter::create(
-        &job.output,
-        std::sync::Arc::clone(&schema),
-        job.max_rows_per_file,
-        &job.storage,
-    )?;
+    let mut output = open(&schema)?;
     progress.phase(
         "writing",
         decision.stats.rows_out + decision.stats.tombstones_kept,
@@ -248,8 +296,9 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         |fetched| {
             match fetched {
                 Fetched::Kept(kept) => {
-                    writer.write(&kept)?;
-                    progress.advance(kept.num_rows() as u64);
+                    let rows = kept.num_rows() as u64;
+                    sink(&mut output, kept)?;
+                    progress.advance(rows);
                 }
                 Fetched::Tied(path, tied, groups) => {
                     check.observe(&tied, &groups).map_err(Error::arrow(path))?;
@@ -258,21 +307,20 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
             Ok(ControlFlow::Continue(()))
         },
     )?;
-    let output_files = writer.commit()?;
-
     let mut stats = decision.stats;
     stats.conflicts = check.conflicts();
-    let mut report = DedupReport::new(job, &files, stats);
-    report.key_partitions = decision.partitions;
-    report.output_files = output_files
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    report.table_bytes = decision.table_bytes;
-    report.decide_seconds = decide_seconds;
-    report.write_seconds = write_started.elapsed().as_secs_f64();
-    report.elapsed_seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+    Ok((
+        output,
+        DedupRun {
+            files,
+            schema,
+            stats,
+            key_partitions: decision.partitions,
+            table_bytes: decision.table_bytes,
+            decide_seconds,
+            fetch_started,
+        },
+    ))
 }
 
 /// Runs `produce` on a second thread and `consume` on this one, joined by a short queue

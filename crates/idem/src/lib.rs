@@ -6,6 +6,8 @@
 //! as Parquet under a temporary name that is renamed into place only on success.
 //!
 //! * [`run_dedup`] with a [`DedupJob`]: the `idem dedup` command.
+//! * [`run_verify`] with a [`VerifyJob`]: `idem verify`, reconciliation of a target with its
+//!   sources.
 //! * [`storage`]: inputs and outputs on object storage (`s3://`, `gs://`, `az://`).
 //! * [`generate()`]: seeded, realistic event data for samples, tests and benchmarks.
 //!
@@ -27,6 +29,7 @@ pub mod schema;
 #[cfg(feature = "sql")]
 mod sql;
 pub mod storage;
+mod verify;
 
 pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
@@ -37,3 +40,4 @@ pub use idem_core;
 pub use output::OutputWriter;
 #[cfg(feature = "sql")]
 pub use sql::{SqlOutput, format_table, run_sql, session};
+pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};
