@@ -172,6 +172,14 @@ struct DedupArgs {
     /// e.g. --storage-option aws_region=eu-west-1.
     #[arg(long = "storage-option", value_name = "KEY=VALUE")]
     storage_options: Vec<String>,
+    /// Write the run's statistics in Prometheus text format to PATH (replaced atomically;
+    /// for node_exporter's textfile collector).
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<std::path::PathBuf>,
+    /// Exit with code 3 (after writing the output) when (duplicates + superseded) / rows in
+    /// exceeds FRACTION, so that a scheduler can alert on a producer gone wrong.
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
+    max_duplicate_rate: Option<f64>,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -279,7 +287,17 @@ fn print_stdout(text: &str) -> Result<(), String> {
     }
 }
 
-fn dedup(args: DedupArgs) -> Result<(), String> {
+/// Exit code of a run whose duplicate rate exceeded `--max-duplicate-rate`.
+const DUPLICATE_RATE_EXCEEDED: u8 = 3;
+
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("'{text}' is not a fraction between 0 and 1")),
+    }
+}
+
+fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
     let job = DedupJob {
         inputs: args.inputs,
         output: args.output,
@@ -300,10 +318,23 @@ fn dedup(args: DedupArgs) -> Result<(), String> {
             std::fs::write(stats, json + "\n").map_err(|e| format!("{stats}: {e}"))?;
         }
     }
+    if let Some(path) = &args.metrics {
+        idem::metrics::write_metrics(path, &idem::metrics::dedup_metrics(&report))
+            .map_err(|e| error_chain(&e))?;
+    }
     if !args.quiet {
         eprintln!("{}", summary(&report));
     }
-    Ok(())
+    let rate = report.stats.duplicate_rate();
+    match args.max_duplicate_rate {
+        Some(limit) if rate > limit => {
+            eprintln!(
+                "idem: duplicate rate {rate:.4} exceeds --max-duplicate-rate {limit} (output written)"
+            );
+            Ok(ExitCode::from(DUPLICATE_RATE_EXCEEDED))
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
 }
 
 #[cfg(feature = "sql")]
@@ -482,11 +513,11 @@ fn main() -> ExitCode {
         }
         Command::Dedup(args) => dedup(args),
         #[cfg(feature = "sql")]
-        Command::Sql(args) => sql(args),
-        Command::Generate(args) => generate(args),
+        Command::Sql(args) => sql(args).map(|()| ExitCode::SUCCESS),
+        Command::Generate(args) => generate(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(message) => {
             eprintln!("idem: error: {message}");
             ExitCode::FAILURE

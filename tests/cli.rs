@@ -1219,3 +1219,70 @@ fn verify_finds_each_kind_of_difference_on_a_million_rows() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("absent.parquet"));
 }
+
+#[test]
+fn metrics_file_and_the_duplicate_rate_alert() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out.parquet");
+    let prom = dir.path().join("idem.prom");
+    let run = |limit: &str| {
+        idem()
+            .args([
+                "dedup",
+                &sample(),
+                "--op",
+                "op",
+                "-o",
+                p(&out),
+                "--stats",
+                "-",
+            ])
+            .args(["--metrics", p(&prom), "--max-duplicate-rate", limit])
+            .output()
+            .expect("run")
+    };
+    // Above the limit: the output is written, and the exit code says so.
+    let output = run("0.01");
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert!(out.is_file());
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("stats");
+    let rate = stats["duplicate_rate"].as_f64().expect("rate");
+    assert!(rate > 0.01, "{stats}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("exceeds --max-duplicate-rate"));
+
+    let text = std::fs::read_to_string(&prom).expect("metrics");
+    let mut values = std::collections::HashMap::new();
+    let mut input_rows = 0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').expect("series value");
+        let value: f64 = value.parse().expect("a number");
+        let (name, labels) = series.split_once('{').expect("labels");
+        assert!(labels.contains(r#"command="dedup""#), "{line}");
+        assert!(
+            labels.contains(&format!(r#"output="{}""#, p(&out))),
+            "{line}"
+        );
+        if name == "idem_input_rows" {
+            input_rows += value as u64;
+        } else {
+            values.insert(name.to_owned(), value);
+        }
+    }
+    assert_eq!(
+        values["idem_rows_in"] as u64,
+        stats["rows_in"].as_u64().expect("n")
+    );
+    assert_eq!(
+        values["idem_rows_out"] as u64,
+        stats["rows_out"].as_u64().expect("n")
+    );
+    assert!((values["idem_duplicate_rate"] - rate).abs() < 1e-12);
+    assert_eq!(input_rows, stats["rows_in"].as_u64().expect("n"));
+    assert!(text.contains("# TYPE idem_rows_in gauge"));
+    assert!(values["idem_last_run_timestamp_seconds"] > 1.7e9);
+
+    // At or under the limit: success.
+    assert_eq!(run("1").status.code(), Some(0));
+    // Not a fraction: bad usage.
+    assert_eq!(run("1.5").status.code(), Some(2));
+}

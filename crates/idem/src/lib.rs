@@ -24,6 +24,7 @@ mod dedup;
 mod error;
 pub mod generate;
 pub mod input;
+pub mod metrics;
 mod output;
 pub mod schema;
 #[cfg(feature = "sql")]
