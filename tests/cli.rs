@@ -893,6 +893,7 @@ fn sql_takes_session_settings_from_datafusion_environment_variables() {
     assert!(stderr.contains("target_partitions"), "{stderr}");
 }
 
+#[cfg(feature = "cloud")]
 /// A fresh prefix in the bucket of the local S3 server that `scripts/test.sh` starts, or
 /// `None` when run outside it (CI always runs these tests: there, a missing server fails).
 fn s3_prefix(test: &str) -> Option<String> {
@@ -916,6 +917,7 @@ fn s3_prefix(test: &str) -> Option<String> {
     }
 }
 
+#[cfg(feature = "cloud")]
 fn upload(local: &Path, url: &str) {
     let options = idem::storage::StorageOptions::default();
     match idem::storage::Location::parse(url, &options).expect("url") {
@@ -924,6 +926,7 @@ fn upload(local: &Path, url: &str) {
     }
 }
 
+#[cfg(feature = "cloud")]
 fn object_exists(url: &str) -> bool {
     let options = idem::storage::StorageOptions::default();
     match idem::storage::Location::parse(url, &options).expect("url") {
@@ -932,9 +935,11 @@ fn object_exists(url: &str) -> bool {
     }
 }
 
+#[cfg(feature = "cloud")]
 /// A secret that must never be printed; the test server accepts any credentials.
 const SECRET: &str = "idem-test-secret-never-printed";
 
+#[cfg(feature = "cloud")]
 #[test]
 fn dedup_reads_and_writes_s3_with_the_bytes_of_a_local_run() {
     let Some(prefix) = s3_prefix("dedup") else {

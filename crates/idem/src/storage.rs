@@ -213,6 +213,7 @@ fn store_for(url: &Url, root: &str, options: &StorageOptions) -> Result<Arc<dyn 
         ))
     };
     // The three builders share no trait; each takes the environment, the URL, then options.
+    #[cfg(feature = "cloud")]
     macro_rules! configured {
         ($builder:ty) => {{
             let mut builder = <$builder>::from_env().with_url(url.as_str());
@@ -225,9 +226,20 @@ fn store_for(url: &Url, root: &str, options: &StorageOptions) -> Result<Arc<dyn 
     }
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         "memory" => Arc::new(object_store::memory::InMemory::new()),
+        #[cfg(feature = "cloud")]
         "s3" | "s3a" => configured!(object_store::aws::AmazonS3Builder),
+        #[cfg(feature = "cloud")]
         "gs" => configured!(object_store::gcp::GoogleCloudStorageBuilder),
+        #[cfg(feature = "cloud")]
         _ => configured!(object_store::azure::MicrosoftAzureBuilder),
+        #[cfg(not(feature = "cloud"))]
+        scheme => {
+            let _ = (configure_error, unknown, options);
+            return Err(Error::InvalidArgument(format!(
+                "{root}: this idem was built without the `cloud` feature, which {scheme}:// \
+                 needs"
+            )));
+        }
     };
     stores.insert(root.to_owned(), Arc::clone(&store));
     Ok(store)
@@ -642,10 +654,9 @@ mod tests {
         )
         .expect_err("unknown key");
         let text = unknown.to_string();
-        assert!(
-            text.contains("no_such_key") && !text.contains("hunter2"),
-            "{text}"
-        );
+        assert!(!text.contains("hunter2"), "{text}");
+        #[cfg(feature = "cloud")]
+        assert!(text.contains("no_such_key"), "{text}");
     }
 
     #[test]
