@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: formatting, lints, unit / property / end-to-end tests,
 # the object-storage tests against a real S3-compatible server, and the check of idem's
-# output against DuckDB on generated data. It installs what the tests need (DuckDB and moto
-# from PyPI, in a virtualenv outside the clone), starts moto's S3 server on a free loopback
+# output against DuckDB on generated data, and the Delta interop check. It installs what the
+# tests need (DuckDB, moto and deltalake from PyPI, in a virtualenv outside the clone), starts moto's S3 server on a free loopback
 # port for the duration of the tests, and stops it on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,9 +10,9 @@ target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 venv="${IDEM_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/idem-test-venv}"
 
 echo "== test tools (virtualenv $venv)"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.server' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.server, deltalake' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5'
+  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5' 'deltalake==1.6.6'
 fi
 
 echo "== S3 server (moto, loopback)"
@@ -44,3 +44,6 @@ cargo test --workspace --locked
 
 echo "== DuckDB equivalence"
 "$venv/bin/python" tests/duckdb_equivalence.py "$target_dir/debug/idem"
+
+echo "== Delta interop (tables written by idem merge, read by delta-rs)"
+"$venv/bin/python" tests/delta_interop.py "$target_dir/debug/idem"

@@ -38,6 +38,17 @@ enum Command {
     /// 0: it does; 1: it does not; 2: error.
     #[command(disable_version_flag = true)]
     Verify(VerifyArgs),
+    /// Upsert a batch of event files into a Delta Lake table (created if absent): dedup the
+    /// batch, then replace a table row only by a strictly newer version, honour deletes
+    /// (remembered as tombstones for --tombstone-retention) and commit once. Re-running the
+    /// same files is detected and does nothing.
+    #[cfg(feature = "delta")]
+    #[command(disable_version_flag = true)]
+    Merge(MergeArgs),
+    /// Delete files of a Delta table that no version within the retention needs: files
+    /// replaced by merges, files of merges that never committed, old tombstone state.
+    #[cfg(feature = "delta")]
+    Vacuum(VacuumArgs),
     /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
     Generate(GenerateArgs),
 }
@@ -185,6 +196,64 @@ struct DedupArgs {
     quiet: bool,
 }
 
+#[cfg(feature = "delta")]
+#[derive(Debug, Args)]
+struct MergeArgs {
+    /// The batch: Parquet or Arrow IPC files, directories or globs; paths or URLs.
+    #[arg(required = true, value_name = "INPUT")]
+    inputs: Vec<String>,
+    /// The Delta table: a directory or a URL (s3://bucket/table, file://, …).
+    #[arg(long, value_name = "TABLE_URL")]
+    into: String,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// When the table is created: cluster rows into N files by key hash, so that a batch
+    /// rewrites only the files of the buckets its keys fall in.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    buckets: Option<u32>,
+    /// How long a delete blocks older updates of its key (e.g. 7d, 36h, 0s). Later, an
+    /// update older than the delete could bring the key back.
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
+    tombstone_retention: std::time::Duration,
+    /// Rows per new data file (tables without buckets).
+    #[arg(long, value_name = "N", default_value_t = idem::DEFAULT_ROWS_PER_TABLE_FILE)]
+    max_rows_per_file: usize,
+    /// Write the run's statistics as one JSON object to PATH, or to stdout with '-'.
+    #[arg(long, value_name = "PATH|-")]
+    stats: Option<String>,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
+    /// No progress bar and no summary line.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[cfg(feature = "delta")]
+#[derive(Debug, Args)]
+struct VacuumArgs {
+    /// The Delta table: a directory or a URL.
+    #[arg(long, value_name = "TABLE_URL")]
+    into: String,
+    /// Keep files younger than this (readers of older versions may fail afterwards).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
+    retention: std::time::Duration,
+    /// List what would be deleted, delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
+}
+
+#[cfg(feature = "delta")]
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    idem::parse_duration(text).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Args)]
 struct GenerateArgs {
     /// Directory to write events-NNNNN.parquet files into.
@@ -311,12 +380,7 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
     bar.0.finish_and_clear();
     let report = result.map_err(|e| error_chain(&e))?;
     if let Some(stats) = &args.stats {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        if stats == "-" {
-            print_stdout(&json)?;
-        } else {
-            std::fs::write(stats, json + "\n").map_err(|e| format!("{stats}: {e}"))?;
-        }
+        write_json(stats, &report)?;
     }
     if let Some(path) = &args.metrics {
         idem::metrics::write_metrics(path, &idem::metrics::dedup_metrics(&report))
@@ -335,6 +399,98 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         }
         _ => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// Writes a report as pretty JSON to PATH, or to stdout with '-'.
+fn write_json(target: &str, report: &impl serde::Serialize) -> Result<(), String> {
+    let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    if target == "-" {
+        print_stdout(&json)
+    } else {
+        std::fs::write(target, json + "\n").map_err(|e| format!("{target}: {e}"))
+    }
+}
+
+#[cfg(feature = "delta")]
+fn merge(args: MergeArgs) -> Result<ExitCode, String> {
+    let job = idem::MergeJob {
+        inputs: args.inputs,
+        table: args.into,
+        spec: args.spec.into_spec(),
+        buckets: args.buckets,
+        tombstone_retention: args.tombstone_retention,
+        max_rows_per_file: args.max_rows_per_file,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+        max_attempts: 10,
+    };
+    let bar = Bar::new(args.quiet);
+    let result = idem::run_merge(&job, &bar);
+    bar.0.finish_and_clear();
+    let report = result.map_err(|e| error_chain(&e))?;
+    if let Some(stats) = &args.stats {
+        write_json(stats, &report)?;
+    }
+    if !args.quiet {
+        let version = report
+            .table_version
+            .map_or("-".to_owned(), |v| v.to_string());
+        if report.already_applied {
+            eprintln!(
+                "idem: already applied: this batch (fingerprint {}) is in {} as of version {version}; nothing to do",
+                report.fingerprint, report.table
+            );
+        } else {
+            eprintln!(
+                "idem: {} rows in → {} inserted, {} updated, {} deleted, {} stale, {} resurrections blocked; {} files rewritten, {} added; {} {} in {:.2} s",
+                thousands(report.rows_in),
+                thousands(report.inserted),
+                thousands(report.updated),
+                thousands(report.deleted),
+                thousands(report.stale),
+                thousands(report.resurrections_blocked),
+                report.files_removed,
+                report.files_added,
+                if report.committed {
+                    "committed version"
+                } else {
+                    "nothing to commit; table at version"
+                },
+                version,
+                report.elapsed_seconds
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "delta")]
+fn vacuum(args: VacuumArgs) -> Result<ExitCode, String> {
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+    let report = idem::run_vacuum(&args.into, args.retention, args.dry_run, &storage)
+        .map_err(|e| error_chain(&e))?;
+    if args.json {
+        write_json("-", &report)?;
+    } else {
+        let verb = if report.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        for file in report
+            .files_deleted
+            .iter()
+            .chain(&report.state_files_deleted)
+        {
+            print_stdout(&format!("{verb} {file}"))?;
+        }
+        eprintln!(
+            "idem: {verb} {} data files and {} state files of {}",
+            report.files_deleted.len(),
+            report.state_files_deleted.len(),
+            report.table
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(feature = "sql")]
@@ -515,6 +671,10 @@ fn main() -> ExitCode {
         #[cfg(feature = "sql")]
         Command::Sql(args) => sql(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(feature = "delta")]
+        Command::Merge(args) => merge(args),
+        #[cfg(feature = "delta")]
+        Command::Vacuum(args) => vacuum(args),
     };
     match result {
         Ok(code) => code,

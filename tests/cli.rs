@@ -2,7 +2,7 @@
 //! case, with the stats invariant checked on each successful run.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -15,9 +15,10 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 use tempfile::TempDir;
 
-fn idem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-}
+mod common;
+#[cfg(feature = "cloud")]
+use common::{SECRET, s3_prefix};
+use common::{idem, p};
 
 fn write_parquet(path: &Path, batch: &RecordBatch) {
     let file = std::fs::File::create(path).expect("create");
@@ -125,10 +126,6 @@ fn generate(dir: &Path, args: &[&str]) -> PathBuf {
 
 fn sample() -> String {
     format!("{}/data/events", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
 }
 
 #[test]
@@ -894,30 +891,6 @@ fn sql_takes_session_settings_from_datafusion_environment_variables() {
 }
 
 #[cfg(feature = "cloud")]
-/// A fresh prefix in the bucket of the local S3 server that `scripts/test.sh` starts, or
-/// `None` when run outside it (CI always runs these tests: there, a missing server fails).
-fn s3_prefix(test: &str) -> Option<String> {
-    match std::env::var("IDEM_TEST_S3_BUCKET") {
-        Ok(bucket) => {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            Some(format!(
-                "s3://{bucket}/{test}-{}-{nanos}",
-                std::process::id()
-            ))
-        }
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("IDEM_TEST_S3_BUCKET is not set: run the tests through scripts/test.sh")
-        }
-        Err(_) => {
-            eprintln!("{test}: skipped, no S3 server (scripts/test.sh starts one)");
-            None
-        }
-    }
-}
-
-#[cfg(feature = "cloud")]
 fn upload(local: &Path, url: &str) {
     let options = idem::storage::StorageOptions::default();
     match idem::storage::Location::parse(url, &options).expect("url") {
@@ -934,10 +907,6 @@ fn object_exists(url: &str) -> bool {
         idem::storage::Location::Local(_) => panic!("{url} is not remote"),
     }
 }
-
-#[cfg(feature = "cloud")]
-/// A secret that must never be printed; the test server accepts any credentials.
-const SECRET: &str = "idem-test-secret-never-printed";
 
 #[cfg(feature = "cloud")]
 #[test]

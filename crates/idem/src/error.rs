@@ -83,6 +83,15 @@ pub enum Error {
     #[cfg(feature = "sql")]
     #[error("{0}")]
     DataFusion(#[from] datafusion::error::DataFusionError),
+    /// A Delta Lake table could not be read or committed to.
+    #[cfg(feature = "delta")]
+    #[error("{table}: {source}")]
+    Delta {
+        /// The table.
+        table: String,
+        /// The cause.
+        source: Box<deltalake_core::DeltaTableError>,
+    },
     /// The options contradict each other or the input.
     #[error("{0}")]
     InvalidArgument(String),

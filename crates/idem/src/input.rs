@@ -111,7 +111,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 /// Expands the inputs, in the order given: a file or object is itself, a directory or
-/// prefix every data file below it in sorted order, a glob its matches in sorted order.
+/// prefix every data file below it in sorted order, a glob its matches in sorted order,
+/// and a Delta Lake table (with the `delta` feature) the data files of its latest version.
 /// Inputs are local paths or URLs (`s3://bucket/prefix/*.parquet`).
 ///
 /// # Errors
@@ -125,6 +126,11 @@ pub fn expand_inputs(inputs: &[String], storage: &StorageOptions) -> Result<Vec<
     }
     let mut files = Vec::new();
     for input in inputs {
+        #[cfg(feature = "delta")]
+        if let Some(found) = crate::merge::table_files(input, storage)? {
+            files.extend(found);
+            continue;
+        }
         let found: Vec<InputSource> = match Location::parse(input, storage)? {
             Location::Local(path) => expand_local(input, &path)?
                 .into_iter()
@@ -225,6 +231,11 @@ impl InputFile {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Where the file's bytes are.
+    pub fn source(&self) -> &InputSource {
+        &self.source
     }
 
     /// The file's own schema.

@@ -8,6 +8,8 @@
 //! * [`run_dedup`] with a [`DedupJob`]: the `idem dedup` command.
 //! * [`run_verify`] with a [`VerifyJob`]: `idem verify`, reconciliation of a target with its
 //!   sources.
+//! * [`run_merge`] with a [`MergeJob`]: `idem merge`, idempotent upserts into a Delta Lake
+//!   table (feature `delta`).
 //! * [`storage`]: inputs and outputs on object storage (`s3://`, `gs://`, `az://`).
 //! * [`generate()`]: seeded, realistic event data for samples, tests and benchmarks.
 //!
@@ -24,6 +26,8 @@ mod dedup;
 mod error;
 pub mod generate;
 pub mod input;
+#[cfg(feature = "delta")]
+mod merge;
 pub mod metrics;
 mod output;
 pub mod schema;
@@ -38,6 +42,11 @@ pub use dedup::{
 pub use error::{Error, Result};
 pub use generate::{GenerateOptions, generate};
 pub use idem_core;
+#[cfg(feature = "delta")]
+pub use merge::{
+    DEFAULT_ROWS_PER_TABLE_FILE, DEFAULT_TOMBSTONE_RETENTION, MergeJob, MergeReport, VacuumReport,
+    parse_duration, run_merge, run_vacuum,
+};
 pub use output::OutputWriter;
 #[cfg(feature = "sql")]
 pub use sql::{SqlOutput, format_table, run_sql, session};

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use parquet::errors::ParquetError;
@@ -247,7 +247,7 @@ fn store_for(url: &Url, root: &str, options: &StorageOptions) -> Result<Arc<dyn 
 
 /// Runs `future` to completion from synchronous code, also from inside another runtime
 /// (`idem sql` writes its output from one).
-fn block_on<F: Future>(future: F) -> std::io::Result<F::Output> {
+pub(crate) fn block_on<F: Future>(future: F) -> std::io::Result<F::Output> {
     static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
     let runtime = RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -367,6 +367,19 @@ impl RemoteLocation {
         RemoteFile {
             location: self.child(meta.location),
             size: meta.size,
+            version: meta
+                .e_tag
+                .unwrap_or_else(|| meta.last_modified.timestamp_millis().to_string()),
+            block: Arc::default(),
+        }
+    }
+
+    /// This object, whose size is known (from a table's log), without asking the store.
+    pub fn file_of_size(&self, size: u64) -> RemoteFile {
+        RemoteFile {
+            location: self.clone(),
+            size,
+            version: String::new(),
             block: Arc::default(),
         }
     }
@@ -418,6 +431,16 @@ impl RemoteLocation {
             .into_iter()
             .map(|meta| self.child(meta.location))
             .collect())
+    }
+
+    /// Whether any object lies below this prefix (one LIST page, not a full listing).
+    ///
+    /// # Errors
+    /// The store cannot be listed.
+    pub fn has_objects_below(&self) -> Result<bool> {
+        let mut listing = self.store.list(Some(&self.path));
+        let first = run(|| self.url(), async { listing.next().await.transpose() })?;
+        Ok(first.is_some())
     }
 
     /// This location joined with a relative name.
@@ -474,6 +497,9 @@ impl RemoteLocation {
 pub struct RemoteFile {
     location: RemoteLocation,
     size: u64,
+    /// The object's ETag (or, where the store gives none, its modification time): what
+    /// tells one upload of a name from another.
+    version: String,
     /// The last block fetched for a sequential read: Parquet reads a page header through
     /// [`ChunkReader::get_read`] and then its body through `get_bytes`, usually inside it.
     block: Arc<Mutex<(u64, Bytes)>>,
@@ -511,6 +537,16 @@ impl RemoteFile {
             *block = (start, bytes.clone());
         }
         Ok(bytes)
+    }
+
+    /// The object's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The object's ETag or modification time, as listed (empty if it was not listed).
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// A `Read + Seek` view from the start, for Arrow IPC readers.
