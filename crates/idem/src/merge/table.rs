@@ -2,6 +2,7 @@
 //! put-if-absent commits, checkpoints); idem writes the data files itself and describes them
 //! with `add` actions whose statistics it computes.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -181,6 +182,87 @@ impl Table {
             Files::Remote(root) => root.join(relative).delete(),
         }
     }
+}
+
+/// The data files of the latest version of the Delta table at `input`, or `None` where
+/// `input` is not a table (no `_delta_log`). This is how every command reads a table: only
+/// the files the log references, never removed or uncommitted ones.
+///
+/// # Errors
+/// A table that cannot be loaded, or one idem cannot read correctly (partitioned, deletion
+/// vectors, column mapping).
+pub(crate) fn table_files(
+    input: &str,
+    storage: &StorageOptions,
+) -> Result<Option<Vec<InputSource>>> {
+    if input.contains(['*', '?', '[']) {
+        return Ok(None);
+    }
+    let is_table = match crate::storage::Location::parse(input, storage)? {
+        crate::storage::Location::Local(path) => path.join("_delta_log").is_dir(),
+        crate::storage::Location::Remote(remote) => {
+            remote.join("_delta_log").has_objects_below()?
+        }
+    };
+    if !is_table {
+        return Ok(None);
+    }
+    let table = Table::open(input, storage)?;
+    let Some(delta) = table.load()? else {
+        return Ok(None);
+    };
+    let state = delta.snapshot().map_err(|e| table.error(e))?;
+    check_readable(
+        &table,
+        state.metadata().partition_columns(),
+        state.metadata().configuration(),
+    )?;
+    let mut files = Vec::new();
+    for view in state.log_data().iter() {
+        if view.deletion_vector_descriptor().is_some() {
+            return Err(deletion_vector_error(&table, &view.path()));
+        }
+        files.push((view.path().to_string(), view.size().max(0) as u64));
+    }
+    files.sort();
+    Ok(Some(
+        files
+            .into_iter()
+            .map(|(path, size)| table.data_file(&path, size))
+            .collect(),
+    ))
+}
+
+/// What idem can read and rewrite: plain Parquet files with the table's columns.
+pub(super) fn check_readable(
+    table: &Table,
+    partition_columns: &[String],
+    configuration: &HashMap<String, String>,
+) -> Result<()> {
+    if !partition_columns.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the table is partitioned by {}; idem reads and merges unpartitioned tables \
+             (use --buckets to cluster by key)",
+            table.name,
+            partition_columns.join(", ")
+        )));
+    }
+    if let Some(mode) = configuration.get("delta.columnMapping.mode")
+        && mode != "none"
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: column mapping ({mode}) is not supported by idem",
+            table.name
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn deletion_vector_error(table: &Table, path: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{}: file {path} has a deletion vector, which idem does not support",
+        table.name
+    ))
 }
 
 /// Milliseconds since the Unix epoch.

@@ -1,0 +1,247 @@
+//! Which table rows a batch meets: files pruned by bucket and key statistics, then only
+//! the key and version columns of the rest read, two files at a time.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow::array::{Array, Int64Array, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use serde_json::Value;
+
+use super::table::Table;
+use super::{Batch, MergeReport, Outcome, Snapshot};
+use crate::error::{Error, Result};
+use crate::input::InputFile;
+use crate::schema::conform;
+
+/// A table row that holds a batch key: (winner, file, row in file, encoded table version).
+type Match = (u32, u32, u32, Vec<u8>);
+
+/// Where the table holds the batch's keys: every match (file, row) and the greatest version
+/// per winner.
+pub(super) struct Found {
+    pub(super) matches: Vec<(u32, u32, u32)>,
+    versions: Vec<u8>,
+    present: Vec<bool>,
+}
+
+impl Found {
+    pub(super) fn version(&self, row: usize, width: usize) -> Option<&[u8]> {
+        self.present[row].then(|| &self.versions[row * width..(row + 1) * width])
+    }
+}
+
+pub(super) fn find_rows(
+    table: &Table,
+    snapshot: &Snapshot,
+    batch: &Batch,
+    outcome: &[Option<Outcome>],
+    report: &mut MergeReport,
+) -> Result<Found> {
+    let winners = &batch.winners;
+    let width = winners.version_width();
+    let mut found = Found {
+        matches: Vec::new(),
+        versions: vec![0; winners.len() * width],
+        present: vec![false; winners.len()],
+    };
+    let active: Vec<usize> = (0..winners.len())
+        .filter(|&r| outcome[r].is_none())
+        .collect();
+    if active.is_empty() || snapshot.files.is_empty() {
+        report.files_pruned = snapshot.files.len() as u64;
+        return Ok(found);
+    }
+    let buckets: Option<BTreeSet<u32>> = snapshot.buckets.map(|n| {
+        active
+            .iter()
+            .map(|&r| (winners.hash(r) % u64::from(n.max(1))) as u32)
+            .collect()
+    });
+    let first_keys = FirstKeys::of(winners.rows(), &batch.spec.keys[0], &active);
+    let candidates: Vec<usize> = (0..snapshot.files.len())
+        .filter(|&i| {
+            let file = &snapshot.files[i];
+            let in_bucket = match (&buckets, file.bucket) {
+                (Some(wanted), Some(b)) => wanted.contains(&b),
+                _ => true,
+            };
+            in_bucket && first_keys.may_meet(file.first_key_bounds.as_ref())
+        })
+        .collect();
+    report.files_scanned = candidates.len() as u64;
+    report.files_pruned = (snapshot.files.len() - candidates.len()) as u64;
+    let columns: Vec<&str> = batch
+        .spec
+        .keys
+        .iter()
+        .chain(&batch.spec.versions)
+        .map(String::as_str)
+        .collect();
+    // Two readers: decoding Parquet is the cost, and it parallelises by file.
+    let threads = candidates.len().clamp(1, 2);
+    let results: Vec<Result<Vec<Match>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let candidates = &candidates;
+                let columns = &columns;
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    for &index in candidates.iter().skip(t).step_by(threads) {
+                        let file = &snapshot.files[index];
+                        let source = table.data_file(&file.path, file.size);
+                        let input = InputFile::open(&source)?;
+                        let mut offset = 0u32;
+                        for piece in input.read_columns(columns)? {
+                            let piece = conform(
+                                &piece?,
+                                &project_schema(&snapshot.schema, columns),
+                                false,
+                                input.path(),
+                            )?;
+                            let probe =
+                                winners.probe(&piece).map_err(Error::arrow(input.path()))?;
+                            for (row, hit) in probe.found.iter().enumerate() {
+                                if let Some(winner) = hit {
+                                    let version =
+                                        probe.versions[row * width..(row + 1) * width].to_vec();
+                                    out.push((*winner, index as u32, offset + row as u32, version));
+                                }
+                            }
+                            offset += piece.num_rows() as u32;
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidArgument(
+                        "a reader thread panicked".to_owned(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    for result in results {
+        for (winner, file, row, version) in result? {
+            let w = winner as usize;
+            let slot = &mut found.versions[w * width..(w + 1) * width];
+            if !found.present[w] || version.as_slice() > &*slot {
+                slot.copy_from_slice(&version);
+            }
+            found.present[w] = true;
+            found.matches.push((winner, file, row));
+        }
+    }
+    Ok(found)
+}
+
+fn project_schema(schema: &SchemaRef, columns: &[&str]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .filter_map(|c| schema.field_with_name(c).ok().cloned())
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The batch's values of the first key column, sorted, to test files' key ranges against.
+enum FirstKeys {
+    Integers(Vec<i64>),
+    Strings(Vec<String>),
+    /// A type without usable statistics, or a null key: every file may hold a key.
+    Unknown,
+}
+
+impl FirstKeys {
+    fn of(rows: &RecordBatch, column: &str, active: &[usize]) -> Self {
+        let Some(array) = rows.column_by_name(column) else {
+            return Self::Unknown;
+        };
+        if active.iter().any(|&r| array.is_null(r)) {
+            return Self::Unknown;
+        }
+        let picked = match arrow::compute::take(
+            array,
+            &UInt32Array::from(active.iter().map(|&r| r as u32).collect::<Vec<_>>()),
+            None,
+        ) {
+            Ok(picked) => picked,
+            Err(_) => return Self::Unknown,
+        };
+        match array.data_type() {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+                let Ok(values) = arrow::compute::cast(&picked, &DataType::Int64) else {
+                    return Self::Unknown;
+                };
+                let Some(values) = values.as_any().downcast_ref::<Int64Array>() else {
+                    return Self::Unknown;
+                };
+                let mut v: Vec<i64> = values.values().to_vec();
+                v.sort_unstable();
+                Self::Integers(v)
+            }
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                let Ok(values) = arrow::compute::cast(&picked, &DataType::Utf8) else {
+                    return Self::Unknown;
+                };
+                let Some(values) = values.as_any().downcast_ref::<arrow::array::StringArray>()
+                else {
+                    return Self::Unknown;
+                };
+                let mut v: Vec<String> = values.iter().flatten().map(str::to_owned).collect();
+                v.sort_unstable();
+                Self::Strings(v)
+            }
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Whether some batch key lies within a file's `[min, max]` of the first key column.
+    fn may_meet(&self, bounds: Option<&(Value, Value)>) -> bool {
+        let Some((low, high)) = bounds else {
+            return true;
+        };
+        match self {
+            Self::Integers(v) => match (low.as_i64(), high.as_i64()) {
+                (Some(l), Some(h)) => {
+                    let at = v.partition_point(|x| *x < l);
+                    v.get(at).is_some_and(|x| *x <= h)
+                }
+                _ => true,
+            },
+            Self::Strings(v) => match (low.as_str(), high.as_str()) {
+                (Some(l), Some(h)) => {
+                    let at = v.partition_point(|x| x.as_str() < l);
+                    v.get(at).is_some_and(|x| x.as_str() <= h)
+                }
+                _ => true,
+            },
+            Self::Unknown => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn key_ranges_prune_files_that_cannot_hold_a_batch_key() {
+        let keys = FirstKeys::Integers(vec![3, 10, 20]);
+        assert!(keys.may_meet(Some(&(json!(1), json!(3)))));
+        assert!(!keys.may_meet(Some(&(json!(4), json!(9)))));
+        assert!(!keys.may_meet(Some(&(json!(21), json!(99)))));
+        assert!(keys.may_meet(None));
+        let keys = FirstKeys::Strings(vec!["b".into(), "m".into()]);
+        assert!(keys.may_meet(Some(&(json!("a"), json!("c")))));
+        assert!(!keys.may_meet(Some(&(json!("c"), json!("l")))));
+        assert!(FirstKeys::Unknown.may_meet(Some(&(json!(0), json!(0)))));
+    }
+}

@@ -1,0 +1,130 @@
+//! Remembered deletes: (key, version, when) rows in a Parquet file under `_idem/`, named by
+//! the table's metadata so that they change in the same commit as the data.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt32Array};
+use arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::keyed::KeyedRows;
+use super::table::Table;
+use super::{Batch, Snapshot, TOMBSTONES_PROPERTY};
+use crate::error::{Error, Result};
+use crate::input::InputFile;
+use crate::schema::conform;
+
+/// Column of the tombstone state: when the delete was applied, milliseconds since the epoch.
+const DELETED_AT: &str = "_idem_deleted_at_ms";
+
+/// The live tombstones of the version read.
+pub(super) struct Tombstones {
+    pub(super) rows: Option<KeyedRows>,
+    pub(super) expired: u64,
+}
+
+pub(super) fn read_tombstones(
+    table: &Table,
+    snapshot: &Snapshot,
+    batch: &Batch,
+    retention: Duration,
+    now: i64,
+) -> Result<Tombstones> {
+    let none = Tombstones {
+        rows: None,
+        expired: 0,
+    };
+    let Some(path) = snapshot
+        .configuration
+        .get(TOMBSTONES_PROPERTY)
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(none);
+    };
+    let source = table.state_file(path)?;
+    let file = InputFile::open(&source)?;
+    let display = source.path();
+    let mut batches = Vec::new();
+    for b in file.read_columns(
+        &file
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>(),
+    )? {
+        batches.push(b?);
+    }
+    let rows = concat_batches(file.schema(), &batches).map_err(Error::arrow(&display))?;
+    let horizon = now.saturating_sub(retention.as_millis().min(i64::MAX as u128) as i64);
+    let deleted_at = rows
+        .column_by_name(DELETED_AT)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: not an idem tombstone file", display.display()))
+        })?;
+    let live: BooleanArray = deleted_at
+        .iter()
+        .map(|t| Some(t.is_some_and(|t| t >= horizon)))
+        .collect();
+    let expired = live.false_count() as u64;
+    let rows = filter_record_batch(&rows, &live).map_err(Error::arrow(&display))?;
+    let rows = KeyedRows::try_new(rows, &batch.spec.keys, &batch.spec.versions)
+        .map_err(Error::arrow(&display))?;
+    Ok(Tombstones {
+        rows: Some(rows),
+        expired,
+    })
+}
+
+/// Kept tombstones plus the batch's new ones: key and version columns and when.
+pub(super) fn next_tombstones(
+    batch: &Batch,
+    tombstones: &Tombstones,
+    new: &[u32],
+    forgotten: &BTreeSet<u32>,
+    now: i64,
+) -> Result<Option<RecordBatch>> {
+    let columns: Vec<&String> = batch.spec.keys.iter().chain(&batch.spec.versions).collect();
+    let project = |rows: &RecordBatch, take: &[u32], deleted_at: ArrayRef| -> Result<RecordBatch> {
+        let taken =
+            take_record_batch(rows, &UInt32Array::from(take.to_vec())).map_err(Error::arrow(""))?;
+        let mut fields = Vec::new();
+        let mut arrays = Vec::new();
+        for name in &columns {
+            let index = taken.schema().index_of(name).map_err(Error::arrow(""))?;
+            fields.push(taken.schema().field(index).clone().with_nullable(true));
+            arrays.push(Arc::clone(taken.column(index)));
+        }
+        fields.push(Field::new(DELETED_AT, DataType::Int64, true));
+        arrays.push(deleted_at);
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(Error::arrow(""))
+    };
+    let fresh = project(
+        batch.winners.rows(),
+        new,
+        Arc::new(Int64Array::from(vec![now; new.len()])),
+    )?;
+    let Some(old) = &tombstones.rows else {
+        return Ok(Some(fresh));
+    };
+    let kept: Vec<u32> = (0..old.len() as u32)
+        .filter(|t| !forgotten.contains(t))
+        .collect();
+    let old_rows = old.rows();
+    let when = old_rows
+        .column_by_name(DELETED_AT)
+        .cloned()
+        .ok_or_else(|| {
+            Error::InvalidArgument("tombstone state without deletion times".to_owned())
+        })?;
+    let when = arrow::compute::take(&when, &UInt32Array::from(kept.clone()), None)
+        .map_err(Error::arrow(""))?;
+    let kept = project(old_rows, &kept, when)?;
+    let kept = conform(&kept, &fresh.schema(), false, std::path::Path::new(""))?;
+    Ok(Some(
+        concat_batches(&fresh.schema(), [&kept, &fresh]).map_err(Error::arrow(""))?,
+    ))
+}
