@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 
 use crate::dedup::{DedupJob, FileRows, Progress, dedup_rows};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, InputSource};
+use crate::input::{InputFile, InputSource, expand_inputs};
 use crate::storage::StorageOptions;
 use find::find_rows;
 use keyed::KeyedRows;
@@ -203,6 +203,31 @@ struct Batch {
 pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport> {
     let started = Instant::now();
     let table = Table::open(&job.table, &job.storage)?;
+    // A batch applied before is recognised from its files alone, before any row is read.
+    let files: Vec<InputFile> = expand_inputs(&job.inputs, &job.storage)?
+        .iter()
+        .map(InputFile::open)
+        .collect::<Result<_>>()?;
+    let early = fingerprint(&files, &job.spec)?;
+    if let Some(delta) = table.load()?
+        && let Some(version) = applied_at(&table, &delta, &app_id(&early))?
+    {
+        return Ok(MergeReport {
+            table: job.table.clone(),
+            rows_in: files.iter().map(InputFile::num_rows).sum(),
+            already_applied: true,
+            table_version: Some(version),
+            fingerprint: early,
+            attempts: 1,
+            key: job.spec.keys.clone(),
+            version: job.spec.versions.clone(),
+            input_files: files.len(),
+            inputs: files.iter().map(file_rows).collect(),
+            elapsed_seconds: started.elapsed().as_secs_f64(),
+            ..MergeReport::default()
+        });
+    }
+    drop(files);
     let (batch, stats, inputs) = read_batch(job, &table, progress)?;
     let mut report = MergeReport {
         table: job.table.clone(),
@@ -280,14 +305,7 @@ fn read_batch(
     let winners =
         KeyedRows::try_new(rows, &spec.keys, &spec.versions).map_err(Error::arrow(&where_))?;
     let fingerprint = fingerprint(&run.files, &job.spec)?;
-    let inputs = run
-        .files
-        .iter()
-        .map(|f| FileRows {
-            path: f.path().display().to_string(),
-            rows: f.num_rows(),
-        })
-        .collect();
+    let inputs = run.files.iter().map(file_rows).collect();
     Ok((
         Batch {
             winners,
@@ -379,6 +397,27 @@ fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
     Ok(format!("{digest:032x}"))
 }
 
+fn file_rows(file: &InputFile) -> FileRows {
+    FileRows {
+        path: file.path().display().to_string(),
+        rows: file.num_rows(),
+    }
+}
+
+/// The application id of a batch's `txn` action.
+fn app_id(fingerprint: &str) -> String {
+    format!("idem-merge-{fingerprint}")
+}
+
+/// The table version, when the batch with this application id has been committed to it.
+fn applied_at(table: &Table, delta: &DeltaTable, app_id: &str) -> Result<Option<u64>> {
+    let state = delta.snapshot().map_err(|e| table.error(e))?;
+    let applied = table
+        .block_on(state.transaction_version(table.log_store.as_ref(), app_id))?
+        .map_err(|e| table.error(e))?;
+    Ok(applied.map(|_| state.version()))
+}
+
 /// How one attempt ended.
 enum Attempt {
     Done,
@@ -423,18 +462,14 @@ fn merge_once(
     report: &mut MergeReport,
 ) -> Result<Attempt> {
     let snapshot = read_snapshot(job, table, batch)?;
-    let app_id = format!("idem-merge-{}", batch.fingerprint);
-    if let Some(delta) = &snapshot.table {
-        let state = delta.snapshot().map_err(|e| table.error(e))?;
-        let applied = table
-            .block_on(state.transaction_version(table.log_store.as_ref(), &app_id))?
-            .map_err(|e| table.error(e))?;
-        if applied.is_some() {
-            report.already_applied = true;
-            report.table_version = Some(state.version());
-            report.table_files = snapshot.files.len() as u64;
-            return Ok(Attempt::Done);
-        }
+    let app_id = app_id(&batch.fingerprint);
+    if let Some(delta) = &snapshot.table
+        && let Some(version) = applied_at(table, delta, &app_id)?
+    {
+        report.already_applied = true;
+        report.table_version = Some(version);
+        report.table_files = snapshot.files.len() as u64;
+        return Ok(Attempt::Done);
     }
     let now = now_millis();
     let tombstones = read_tombstones(table, &snapshot, batch, job.tombstone_retention, now)?;
