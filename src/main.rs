@@ -186,7 +186,7 @@ struct DedupArgs {
     /// Write the run's statistics in Prometheus text format to PATH (replaced atomically;
     /// for node_exporter's textfile collector).
     #[arg(long, value_name = "PATH")]
-    metrics: Option<std::path::PathBuf>,
+    metrics: Option<PathBuf>,
     /// Exit with code 3 (after writing the output) when (duplicates + superseded) / rows in
     /// exceeds FRACTION, so that a scheduler can alert on a producer gone wrong.
     #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
@@ -256,9 +256,10 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Debug, Args)]
 struct GenerateArgs {
-    /// Directory to write events-NNNNN.parquet files into.
-    #[arg(short, long, value_name = "DIR")]
-    output: PathBuf,
+    /// Directory or object-store prefix (s3://bucket/events) to write events-NNNNN.parquet
+    /// files into.
+    #[arg(short, long, value_name = "DIR|URL")]
+    output: String,
     /// Rows in total, replays included.
     #[arg(long, default_value_t = 1_000_000)]
     rows: u64,
@@ -286,6 +287,9 @@ struct GenerateArgs {
     /// Extra attribute columns (alternately integer and text), for wide tables.
     #[arg(long, default_value_t = 0)]
     extra_columns: usize,
+    /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -532,12 +536,14 @@ fn generate(args: GenerateArgs) -> Result<(), String> {
         payload_bytes: args.payload_bytes,
         extra_columns: args.extra_columns,
     };
-    let generated = idem::generate(&options, &args.output).map_err(|e| error_chain(&e))?;
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+    let generated =
+        idem::generate_to(&options, &args.output, &storage).map_err(|e| error_chain(&e))?;
     eprintln!(
         "idem: wrote {} rows in {} files to {}",
         thousands(generated.rows),
         generated.files.len(),
-        args.output.display()
+        args.output
     );
     Ok(())
 }

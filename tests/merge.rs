@@ -742,4 +742,40 @@ fn merge_into_s3_serialises_writers_and_detects_reruns() {
     // The table on S3 equals the local one, read through every command's table input.
     assert_table_is_dedup_of(&batches, &table);
     assert_table_is_dedup_of(&batches, p(&local));
+
+    // A batch on S3 too, written there by the generator.
+    let remote_batch = format!("{prefix}/generated");
+    let generated = idem()
+        .args([
+            "generate",
+            "-o",
+            &remote_batch,
+            "--rows",
+            "2000",
+            "--files",
+            "2",
+        ])
+        .output()
+        .expect("generate");
+    assert!(generated.status.success(), "{generated:?}");
+    let output = idem()
+        .args([
+            "merge",
+            &remote_batch,
+            "--into",
+            &table,
+            "--op",
+            "op",
+            "--stats",
+            "-",
+            "-q",
+        ])
+        .output()
+        .expect("merge");
+    assert!(output.status.success(), "{output:?}");
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("stats");
+    assert_eq!(
+        (stats["rows_in"].as_u64(), stats["input_files"].as_u64()),
+        (Some(2000), Some(2))
+    );
 }

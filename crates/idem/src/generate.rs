@@ -23,6 +23,7 @@ use parquet::file::properties::WriterProperties;
 use idem_core::rng::SplitMix64;
 
 use crate::error::{Error, Result};
+use crate::storage::{Location, StorageOptions};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -281,6 +282,41 @@ impl Batcher {
         RecordBatch::try_new(Arc::clone(&self.schema), columns)
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
+}
+
+/// [`generate`] into a local directory or an object-store prefix (`s3://bucket/events`):
+/// remote files are written locally first and each uploaded whole.
+///
+/// # Errors
+/// As [`generate`], or a store that refuses the uploads.
+pub fn generate_to(
+    options: &GenerateOptions,
+    target: &str,
+    storage: &StorageOptions,
+) -> Result<Generated> {
+    let remote = match Location::parse(target, storage)? {
+        Location::Local(dir) => return generate(options, &dir),
+        Location::Remote(remote) => remote,
+    };
+    let staging = tempfile::Builder::new()
+        .prefix("idem-generate-")
+        .tempdir()
+        .map_err(Error::io(std::env::temp_dir()))?;
+    let local = generate(options, staging.path())?;
+    let mut files = Vec::with_capacity(local.files.len());
+    for file in &local.files {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::InvalidArgument(format!("{}: bad file name", file.display())))?;
+        let object = remote.join(name);
+        object.upload(file)?;
+        files.push(object.display_path());
+    }
+    Ok(Generated {
+        files,
+        rows: local.rows,
+    })
 }
 
 /// Writes `options.rows` generated events into `options.files` Parquet files in `dir`

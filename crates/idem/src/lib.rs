@@ -40,7 +40,7 @@ pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
 };
 pub use error::{Error, Result};
-pub use generate::{GenerateOptions, generate};
+pub use generate::{GenerateOptions, generate, generate_to};
 pub use idem_core;
 #[cfg(feature = "delta")]
 pub use merge::{

@@ -284,10 +284,11 @@ impl OutputWriter {
     /// Returns the final file paths (URLs as paths).
     pub fn commit(mut self) -> Result<Vec<PathBuf>> {
         let remote = self.remote.take();
+        let single_file = self.single_file;
         let files = self.commit_local()?;
         match remote {
             None => Ok(files),
-            Some(remote) => publish(&remote, &files),
+            Some(remote) => publish(&remote, &files, single_file),
         }
     }
 
@@ -321,16 +322,16 @@ impl OutputWriter {
 }
 
 /// Uploads committed local files to the remote target (see the module docs).
-fn publish(remote: &RemoteTarget, files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+fn publish(remote: &RemoteTarget, files: &[PathBuf], single_file: bool) -> Result<Vec<PathBuf>> {
     let target = &remote.location;
-    let [file] = files else {
-        return publish_parts(target, files);
-    };
-    if target.file_name().is_some_and(|n| n.ends_with(".parquet")) && file.is_file() {
-        target.upload(file)?;
-        return Ok(vec![target.display_path()]);
+    match files {
+        // The same rule as a local target: a name ending in .parquet (any case) is one file.
+        [file] if single_file => {
+            target.upload(file)?;
+            Ok(vec![target.display_path()])
+        }
+        _ => publish_parts(target, files),
     }
-    publish_parts(target, files)
 }
 
 fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathBuf>> {

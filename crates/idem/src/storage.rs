@@ -803,6 +803,15 @@ mod tests {
         assert_eq!(files, [PathBuf::from("memory://m3/out.parquet")]);
         let read = expand_inputs(&["memory://m3/out.parquet".to_owned()], &options).expect("x");
         assert_eq!(rows(&read), 100);
+        // The suffix is matched without regard to case, as for a local output.
+        let mut writer =
+            OutputWriter::create("memory://m3/UP.PARQUET", data.schema(), 1000, &options)
+                .expect("writer");
+        writer.write(&data).expect("write");
+        assert_eq!(
+            writer.commit().expect("commit"),
+            [PathBuf::from("memory://m3/UP.PARQUET")]
+        );
 
         // A directory: parts replace whatever was under the prefix, staging leaves nothing.
         put_parquet("memory://m3/dir/stale.parquet", &batch(0, 3));
