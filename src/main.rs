@@ -221,6 +221,9 @@ struct MergeArgs {
     /// Write the run's statistics as one JSON object to PATH, or to stdout with '-'.
     #[arg(long, value_name = "PATH|-")]
     stats: Option<String>,
+    /// Write the run's statistics in Prometheus text format to PATH (replaced atomically).
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<PathBuf>,
     /// Object store setting, over the AWS_* / GOOGLE_* / AZURE_* environment (repeatable).
     #[arg(long = "storage-option", value_name = "KEY=VALUE")]
     storage_options: Vec<String>,
@@ -433,6 +436,10 @@ fn merge(args: MergeArgs) -> Result<ExitCode, String> {
     let report = result.map_err(|e| error_chain(&e))?;
     if let Some(stats) = &args.stats {
         write_json(stats, &report)?;
+    }
+    if let Some(path) = &args.metrics {
+        idem::metrics::write_metrics(path, &idem::metrics::merge_metrics(&report))
+            .map_err(|e| error_chain(&e))?;
     }
     if !args.quiet {
         let version = report

@@ -283,8 +283,26 @@ fn a_series_of_batches_matches_the_reference_and_a_dedup_of_everything() {
     assert_eq!(stats["tombstones"], 2);
     assert_eq!(read_table(&table), model.rows);
 
-    let stats = merge_ok(&[&b3], t, &[]);
+    let metrics = dir.path().join("merge.prom");
+    let stats = merge_ok(&[&b3], t, &["--metrics", p(&metrics)]);
     model.apply(&e3);
+    let text = std::fs::read_to_string(&metrics).expect("metrics");
+    for (name, key) in [
+        ("idem_resurrections_blocked", "resurrections_blocked"),
+        ("idem_stale", "stale"),
+        ("idem_inserted", "inserted"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{command=\"merge\"")))
+            .unwrap_or_else(|| panic!("{name} in {text}"));
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("value");
+        assert_eq!(value as u64, stats[key].as_u64().expect("stat"), "{line}");
+    }
     assert_eq!(counts(&stats), [1, 1, 0, 1, 1], "{stats}");
     assert_eq!(
         stats["tombstones"], 1,

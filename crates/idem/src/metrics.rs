@@ -1,5 +1,5 @@
 //! A run's statistics in Prometheus' text exposition format, for node_exporter's textfile
-//! collector: `idem dedup … --metrics /var/lib/node_exporter/idem.prom`.
+//! collector: `idem dedup … --metrics /var/lib/node_exporter/idem.prom` (and `idem merge`).
 //!
 //! Every series is a gauge describing the last run, labelled with the command and output, so
 //! that one file per job can sit in the collector's directory. The file is replaced
@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::dedup::DedupReport;
+use crate::dedup::{DedupReport, FileRows};
 use crate::error::{Error, Result};
 
 /// Escapes a label value as the exposition format wants (`\`, `"` and newlines).
@@ -25,9 +25,6 @@ fn label(value: &str) -> String {
 pub fn dedup_metrics(report: &DedupReport) -> String {
     let labels = format!(r#"command="dedup",output="{}""#, label(&report.output));
     let stats = &report.stats;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
     let series: [(&str, &str, f64); 17] = [
         (
             "rows_in",
@@ -108,9 +105,123 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
         (
             "last_run_timestamp_seconds",
             "When the run ended, in seconds since the Unix epoch.",
-            now,
+            now(),
         ),
     ];
+    render(&labels, &series, &report.inputs)
+}
+
+/// The report of an `idem merge` run as Prometheus text, labelled `command="merge"` and
+/// the table.
+#[cfg(feature = "delta")]
+pub fn merge_metrics(report: &crate::MergeReport) -> String {
+    let labels = format!(r#"command="merge",table="{}""#, label(&report.table));
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let series: [(&str, &str, f64); 20] = [
+        (
+            "rows_in",
+            "Rows read from the batch.",
+            report.rows_in as f64,
+        ),
+        (
+            "duplicates",
+            "Batch rows equal in key and version to a kept row.",
+            report.duplicates as f64,
+        ),
+        (
+            "superseded",
+            "Batch rows whose key has a newer row in the batch.",
+            report.superseded as f64,
+        ),
+        (
+            "conflicts",
+            "Keys whose tied rows differ outside the key.",
+            report.conflicts as f64,
+        ),
+        (
+            "distinct_keys",
+            "Distinct keys in the batch.",
+            report.distinct_keys as f64,
+        ),
+        (
+            "duplicate_rate",
+            "(duplicates + superseded) / rows_in.",
+            report.duplicate_rate,
+        ),
+        ("inserted", "Keys new to the table.", report.inserted as f64),
+        (
+            "updated",
+            "Table rows replaced by a newer version.",
+            report.updated as f64,
+        ),
+        (
+            "deleted",
+            "Table rows removed by a newer delete.",
+            report.deleted as f64,
+        ),
+        (
+            "stale",
+            "Batch winners not newer than the table (replays, late events).",
+            report.stale as f64,
+        ),
+        (
+            "resurrections_blocked",
+            "Updates dropped because a remembered delete is as new.",
+            report.resurrections_blocked as f64,
+        ),
+        (
+            "tombstones",
+            "Deletes remembered after the merge.",
+            report.tombstones as f64,
+        ),
+        (
+            "files_scanned",
+            "Table files whose key and version columns were read.",
+            report.files_scanned as f64,
+        ),
+        (
+            "files_removed",
+            "Table files rewritten.",
+            report.files_removed as f64,
+        ),
+        ("files_added", "Files written.", report.files_added as f64),
+        (
+            "table_version",
+            "Table version after the merge.",
+            report.table_version.map_or(f64::NAN, |v| v as f64),
+        ),
+        (
+            "committed",
+            "1 if the merge committed a table version.",
+            flag(report.committed),
+        ),
+        (
+            "already_applied",
+            "1 if the batch had been applied before.",
+            flag(report.already_applied),
+        ),
+        (
+            "elapsed_seconds",
+            "Wall time of the run.",
+            report.elapsed_seconds,
+        ),
+        (
+            "last_run_timestamp_seconds",
+            "When the run ended, in seconds since the Unix epoch.",
+            now(),
+        ),
+    ];
+    render(&labels, &series, &report.inputs)
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One gauge per series, then the rows of each input file.
+fn render(labels: &str, series: &[(&str, &str, f64)], inputs: &[FileRows]) -> String {
     let mut text = String::new();
     for (name, help, value) in series {
         let _ = writeln!(text, "# HELP idem_{name} {help}");
@@ -122,7 +233,7 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
         "# HELP idem_input_rows Rows read from one input file."
     );
     let _ = writeln!(text, "# TYPE idem_input_rows gauge");
-    for input in &report.inputs {
+    for input in inputs {
         let _ = writeln!(
             text,
             r#"idem_input_rows{{{labels},file="{}"}} {}"#,
