@@ -25,7 +25,7 @@ fn label(value: &str) -> String {
 pub fn dedup_metrics(report: &DedupReport) -> String {
     let labels = format!(r#"command="dedup",output="{}""#, label(&report.output));
     let stats = &report.stats;
-    let series: [(&str, &str, f64); 17] = [
+    let series: [(&str, &str, f64); 15] = [
         (
             "rows_in",
             "Rows read from the inputs.",
@@ -97,18 +97,8 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
             "Wall time of the second pass.",
             report.write_seconds,
         ),
-        (
-            "elapsed_seconds",
-            "Wall time of the run.",
-            report.elapsed_seconds,
-        ),
-        (
-            "last_run_timestamp_seconds",
-            "When the run ended, in seconds since the Unix epoch.",
-            now(),
-        ),
     ];
-    render(&labels, &series, &report.inputs)
+    render(&labels, &series, report.elapsed_seconds, &report.inputs)
 }
 
 /// The report of an `idem merge` run as Prometheus text, labelled `command="merge"` and
@@ -117,7 +107,7 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
 pub fn merge_metrics(report: &crate::MergeReport) -> String {
     let labels = format!(r#"command="merge",table="{}""#, label(&report.table));
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    let series: [(&str, &str, f64); 20] = [
+    let series: [(&str, &str, f64); 18] = [
         (
             "rows_in",
             "Rows read from the batch.",
@@ -200,18 +190,8 @@ pub fn merge_metrics(report: &crate::MergeReport) -> String {
             "1 if the batch had been applied before.",
             flag(report.already_applied),
         ),
-        (
-            "elapsed_seconds",
-            "Wall time of the run.",
-            report.elapsed_seconds,
-        ),
-        (
-            "last_run_timestamp_seconds",
-            "When the run ended, in seconds since the Unix epoch.",
-            now(),
-        ),
     ];
-    render(&labels, &series, &report.inputs)
+    render(&labels, &series, report.elapsed_seconds, &report.inputs)
 }
 
 fn now() -> f64 {
@@ -220,10 +200,18 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// One gauge per series, then the rows of each input file.
-fn render(labels: &str, series: &[(&str, &str, f64)], inputs: &[FileRows]) -> String {
+/// One gauge per series, the run's wall time and end, then the rows of each input file.
+fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[FileRows]) -> String {
     let mut text = String::new();
-    for (name, help, value) in series {
+    let timing = [
+        ("elapsed_seconds", "Wall time of the run.", elapsed),
+        (
+            "last_run_timestamp_seconds",
+            "When the run ended, in seconds since the Unix epoch.",
+            now(),
+        ),
+    ];
+    for (name, help, value) in series.iter().chain(&timing) {
         let _ = writeln!(text, "# HELP idem_{name} {help}");
         let _ = writeln!(text, "# TYPE idem_{name} gauge");
         let _ = writeln!(text, "idem_{name}{{{labels}}} {value}");
