@@ -620,6 +620,28 @@ fn concurrent_merges_serialise_without_losing_or_duplicating_keys() {
 }
 
 #[test]
+fn writers_racing_to_create_the_table_make_one_table() {
+    let dir = TempDir::new().expect("tmp");
+    let table = dir.path().join("table");
+    let mut model = Model::default();
+    let batches: Vec<PathBuf> = (0..3)
+        .map(|w| {
+            let path = dir.path().join(format!("w{w}.parquet"));
+            let events: Vec<Event> = vec![
+                ("shared", 0, 10 + w, "u", w),
+                (["a", "b", "c"][w as usize], 0, 1, "c", w),
+            ];
+            write_events(&path, &events);
+            model.apply(&events);
+            path
+        })
+        .collect();
+    merge_all_at_once(&batches, p(&table));
+    assert_eq!(read_table(&table), model.rows);
+    assert_eq!(table_version(&table), 3);
+}
+
+#[test]
 fn merges_killed_at_random_points_leave_a_readable_table_and_reruns_complete_it() {
     let dir = TempDir::new().expect("tmp");
     let table = dir.path().join("table");

@@ -638,8 +638,12 @@ fn is_conflict(error: &DeltaTableError) -> bool {
                 | TransactionError::CommitConflict(_)
         ),
         DeltaTableError::VersionAlreadyExists(_) => true,
-        DeltaTableError::CommitValidation { .. } => false,
-        other => other.to_string().contains("already exists"),
+        // Another writer created the table first; deltalake's create error type is
+        // private, so it is known by its message.
+        DeltaTableError::GenericError { source } => {
+            source.to_string().contains("table already exists")
+        }
+        _ => false,
     }
 }
 
