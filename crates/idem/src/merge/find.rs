@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow::array::{Array, Int64Array, RecordBatch, UInt32Array};
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use serde_json::Value;
 
@@ -78,6 +78,7 @@ pub(super) fn find_rows(
         .chain(&batch.spec.versions)
         .map(String::as_str)
         .collect();
+    let decision_schema = project_schema(&snapshot.schema, &columns);
     // Two readers: decoding Parquet is the cost, and it parallelises by file.
     let threads = candidates.len().clamp(1, 2);
     let results: Vec<Result<Vec<Match>>> = std::thread::scope(|scope| {
@@ -85,6 +86,7 @@ pub(super) fn find_rows(
             .map(|t| {
                 let candidates = &candidates;
                 let columns = &columns;
+                let decision_schema = &decision_schema;
                 scope.spawn(move || {
                     let mut out = Vec::new();
                     for &index in candidates.iter().skip(t).step_by(threads) {
@@ -93,12 +95,7 @@ pub(super) fn find_rows(
                         let input = InputFile::open(&source)?;
                         let mut offset = 0u32;
                         for piece in input.read_columns(columns)? {
-                            let piece = conform(
-                                &piece?,
-                                &project_schema(&snapshot.schema, columns),
-                                false,
-                                input.path(),
-                            )?;
+                            let piece = conform(&piece?, decision_schema, false, input.path())?;
                             let probe =
                                 winners.probe(&piece).map_err(Error::arrow(input.path()))?;
                             for (row, hit) in probe.found.iter().enumerate() {
@@ -149,10 +146,25 @@ fn project_schema(schema: &SchemaRef, columns: &[&str]) -> SchemaRef {
     ))
 }
 
+/// The first index in `0..len` for which `below` is false (`below` holds for a prefix).
+fn first_not_below(len: usize, below: impl Fn(usize) -> bool) -> usize {
+    let (mut low, mut high) = (0, len);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        if below(middle) {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    low
+}
+
 /// The batch's values of the first key column, sorted, to test files' key ranges against.
 enum FirstKeys {
     Integers(Vec<i64>),
-    Strings(Vec<String>),
+    /// Sorted; kept as one Arrow array rather than a `String` per key.
+    Strings(StringArray),
     /// A type without usable statistics, or a null key: every file may hold a key.
     Unknown,
 }
@@ -189,13 +201,13 @@ impl FirstKeys {
                 let Ok(values) = arrow::compute::cast(&picked, &DataType::Utf8) else {
                     return Self::Unknown;
                 };
-                let Some(values) = values.as_any().downcast_ref::<arrow::array::StringArray>()
-                else {
-                    return Self::Unknown;
-                };
-                let mut v: Vec<String> = values.iter().flatten().map(str::to_owned).collect();
-                v.sort_unstable();
-                Self::Strings(v)
+                match arrow::compute::sort(&values, None) {
+                    Ok(sorted) => sorted
+                        .as_any()
+                        .downcast_ref::<StringArray>()
+                        .map_or(Self::Unknown, |v| Self::Strings(v.clone())),
+                    Err(_) => Self::Unknown,
+                }
             }
             _ => Self::Unknown,
         }
@@ -216,8 +228,8 @@ impl FirstKeys {
             },
             Self::Strings(v) => match (low.as_str(), high.as_str()) {
                 (Some(l), Some(h)) => {
-                    let at = v.partition_point(|x| x.as_str() < l);
-                    v.get(at).is_some_and(|x| x.as_str() <= h)
+                    let at = first_not_below(v.len(), |i| v.value(i) < l);
+                    at < v.len() && v.value(at) <= h
                 }
                 _ => true,
             },
@@ -239,7 +251,7 @@ mod tests {
         assert!(!keys.may_meet(Some(&(json!(4), json!(9)))));
         assert!(!keys.may_meet(Some(&(json!(21), json!(99)))));
         assert!(keys.may_meet(None));
-        let keys = FirstKeys::Strings(vec!["b".into(), "m".into()]);
+        let keys = FirstKeys::Strings(StringArray::from(vec!["b", "m"]));
         assert!(keys.may_meet(Some(&(json!("a"), json!("c")))));
         assert!(!keys.may_meet(Some(&(json!("c"), json!("l")))));
         assert!(FirstKeys::Unknown.may_meet(Some(&(json!(0), json!(0)))));
