@@ -61,6 +61,27 @@ impl DeletePolicy {
             keep_tombstones: false,
         }
     }
+
+    /// Appends, for every row of `op` (the op column), whether it is a tombstone: its value,
+    /// read as text whatever its type, is one of the delete values (a null op is not).
+    ///
+    /// # Errors
+    /// An op column that cannot be read as text.
+    pub fn mark_tombstones(
+        &self,
+        op: &arrow::array::ArrayRef,
+        out: &mut Vec<bool>,
+    ) -> Result<(), arrow::error::ArrowError> {
+        use arrow::array::{Array, AsArray};
+        let op = arrow::compute::cast(op, &arrow::datatypes::DataType::Utf8)?;
+        let op = op.as_string::<i32>();
+        out.extend(
+            (0..op.len()).map(|row| {
+                op.is_valid(row) && self.delete_values.iter().any(|d| d == op.value(row))
+            }),
+        );
+        Ok(())
+    }
 }
 
 /// The policies of a dedup: how ties resolve and which rows are deletes. Shared by every

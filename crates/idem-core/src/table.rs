@@ -16,9 +16,8 @@
 //! ordinals across all batches, so the caller can fetch the winning rows afterwards
 //! (late materialisation) and emit them in input order.
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt64Array};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow::datatypes::{Field, Schema};
 use arrow::error::ArrowError;
 
 use crate::interner::{KeyInterner, NarrowInterner, RowInterner};
@@ -219,11 +218,10 @@ impl KeepMaxTable {
             .encode(&version_columns, num_rows, &mut scratch.versions)?;
         scratch.tombstones.clear();
         if let Some(deletes) = &self.spec.options.deletes {
-            let op = cast(column(batch, &deletes.op_column, "op")?, &DataType::Utf8)?;
-            let op = op.as_string::<i32>();
-            scratch.tombstones.extend((0..num_rows).map(|row| {
-                op.is_valid(row) && deletes.delete_values.iter().any(|d| d == op.value(row))
-            }));
+            deletes.mark_tombstones(
+                column(batch, &deletes.op_column, "op")?,
+                &mut scratch.tombstones,
+            )?;
         } else {
             scratch.tombstones.resize(num_rows, false);
         }

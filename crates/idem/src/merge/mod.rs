@@ -33,9 +33,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, RecordBatch, RecordBatchOptions};
+use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::concat_batches;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{Field, Schema, SchemaRef};
 use deltalake_core::kernel::engine::arrow_conversion::{TryFromArrow, TryIntoArrow};
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
 use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
@@ -339,23 +339,20 @@ fn relabel(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
 
 /// Which rows are deletes under the spec's policy (compared as text, like the dedup).
 fn tombstone_mask(rows: &RecordBatch, spec: &DedupSpec) -> arrow::error::Result<Vec<bool>> {
-    let Some(deletes) = &spec.options.deletes else {
-        return Ok(vec![false; rows.num_rows()]);
-    };
-    let op = rows.column_by_name(&deletes.op_column).ok_or_else(|| {
-        arrow::error::ArrowError::SchemaError(format!(
-            "op column '{}' not found",
-            deletes.op_column
-        ))
-    })?;
-    let op = arrow::compute::cast(op, &DataType::Utf8)?;
-    let op = op
-        .as_any()
-        .downcast_ref::<arrow::array::StringArray>()
-        .ok_or_else(|| arrow::error::ArrowError::CastError("op column as text".to_owned()))?;
-    Ok((0..op.len())
-        .map(|row| op.is_valid(row) && deletes.delete_values.iter().any(|d| d == op.value(row)))
-        .collect())
+    let mut mask = Vec::with_capacity(rows.num_rows());
+    match &spec.options.deletes {
+        None => mask.resize(rows.num_rows(), false),
+        Some(deletes) => {
+            let op = rows.column_by_name(&deletes.op_column).ok_or_else(|| {
+                arrow::error::ArrowError::SchemaError(format!(
+                    "op column '{}' not found",
+                    deletes.op_column
+                ))
+            })?;
+            deletes.mark_tombstones(op, &mut mask)?;
+        }
+    }
+    Ok(mask)
 }
 
 /// A batch's identity: its files (name, size, ETag or modification time, rows) and the
