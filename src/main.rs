@@ -211,6 +211,11 @@ struct MergeArgs {
     /// rewrites only the files of the buckets its keys fall in.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     buckets: Option<u32>,
+    /// When the table is created: partition it by these columns (Hive-style directories,
+    /// Delta partition values). Partitioning by key columns lets a merge skip the
+    /// partitions its keys are not in.
+    #[arg(long, value_name = "COL,...", value_delimiter = ',')]
+    partition_by: Vec<String>,
     /// How long a delete blocks older updates of its key (e.g. 7d, 36h, 0s). Later, an
     /// update older than the delete could bring the key back.
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
@@ -425,6 +430,7 @@ fn merge(args: MergeArgs) -> Result<ExitCode, String> {
         table: args.into,
         spec: args.spec.into_spec(),
         buckets: args.buckets,
+        partition_by: args.partition_by,
         tombstone_retention: args.tombstone_retention,
         max_rows_per_file: args.max_rows_per_file,
         storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,

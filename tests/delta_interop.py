@@ -1,7 +1,8 @@
 """idem merge read back by an independent Delta reader (the `deltalake` package, delta-rs).
 
 A series of generated batches (replays, updates, deletes, late out-of-order events) is
-merged one by one into a Delta table, with one batch re-run; then the table as the
+merged one by one into a Delta table (and into one partitioned and bucketed), with one
+batch re-run; then the table as the
 `deltalake` reader sees it must equal
   * a simple reference: the batches applied in order with the monotonic guard and
     remembered deletes (pure Python), on key and version, and
@@ -59,14 +60,18 @@ def reference(batches):
     return rows
 
 
-def check_table(idem, uri, storage_options, batches, workdir):
+def check_table(idem, uri, storage_options, batches, workdir, create=()):
     for i, batch in enumerate(batches):
-        stats = json.loads(run([idem, "merge", batch, "--into", uri, "--op", "op", "--stats", "-", "-q"]))
+        extra = list(create) if i == 0 else []
+        stats = json.loads(run([idem, "merge", batch, "--into", uri, "--op", "op", "--stats", "-", "-q", *extra]))
         assert stats["committed"], f"batch {i} committed nothing: {stats}"
     rerun = json.loads(run([idem, "merge", batches[1], "--into", uri, "--op", "op", "--stats", "-", "-q"]))
     assert rerun["already_applied"] and not rerun["committed"], rerun
 
     table = DeltaTable(uri, storage_options=storage_options)
+    if "--partition-by" in create:
+        wanted = create[list(create).index("--partition-by") + 1].split(",")
+        assert table.metadata().partition_columns == wanted, table.metadata().partition_columns
     reader = QueryBuilder().register("t", table).execute("SELECT * FROM t")
     con = duckdb.connect()
     con.from_arrow(reader).create("delta_rows")
@@ -80,10 +85,15 @@ def check_table(idem, uri, storage_options, batches, workdir):
 
     dedup = f"{workdir}/dedup-{int(time.time() * 1e6)}.parquet"
     run([idem, "dedup", *batches, "--op", "op", "-o", dedup])
+    # By name: a reader may put partition columns last.
+    columns = ", ".join(f'"{c}"' for c in con.sql(f"SELECT * FROM read_parquet('{dedup}') LIMIT 0").columns)
     for a, b in (("delta_rows", f"read_parquet('{dedup}')"), (f"read_parquet('{dedup}')", "delta_rows")):
-        extra = con.sql(f"SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})").fetchall()[0][0]
+        extra = con.sql(
+            f"SELECT count(*) FROM (SELECT {columns} FROM {a} EXCEPT ALL SELECT {columns} FROM {b})"
+        ).fetchall()[0][0]
         assert extra == 0, f"{uri}: {extra} rows of {a} are not in {b}"
-    print(f"{uri}: {len(seen)} rows, version {table.version()}, equal to the reference and to idem dedup")
+    print(f"{uri} {' '.join(create)}: {len(seen)} rows, version {table.version()}, "
+          "equal to the reference and to idem dedup")
 
 
 def main():
@@ -94,6 +104,9 @@ def main():
              "--delete-rate", "0.05", "--reorder-rate", "0.3", "--update-rate", "0.3"])
         batches = sorted(f"{generated}/{name}" for name in os.listdir(generated))
         check_table(idem, f"{workdir}/table", None, batches, workdir)
+        # Partitioned by a column that changes on update, bucketed within partitions.
+        partitioned = ("--partition-by", "status", "--buckets", "4")
+        check_table(idem, f"{workdir}/partitioned", None, batches, workdir, partitioned)
         bucket = os.environ.get("IDEM_TEST_S3_BUCKET")
         if bucket:
             options = {
@@ -104,6 +117,8 @@ def main():
                 "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
             }
             check_table(idem, f"s3://{bucket}/interop-{os.getpid()}/table", options, batches, workdir)
+            check_table(idem, f"s3://{bucket}/interop-{os.getpid()}/partitioned", options, batches, workdir,
+                        partitioned)
         elif os.environ.get("CI"):
             sys.exit("IDEM_TEST_S3_BUCKET is not set: run through scripts/test.sh")
 

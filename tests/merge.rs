@@ -475,7 +475,12 @@ fn assert_table_is_dedup_of(batches: &[PathBuf], table: &str) {
 /// The files of the table's latest version: `_delta_log/*.json` replayed (the tests never
 /// reach a checkpoint).
 fn read_log_files(table: &Path) -> BTreeSet<String> {
-    let mut active = BTreeSet::new();
+    active_adds(table).into_keys().collect()
+}
+
+/// The `add` actions of the table's latest version, by path.
+fn active_adds(table: &Path) -> BTreeMap<String, Value> {
+    let mut active = BTreeMap::new();
     let mut commits: Vec<PathBuf> = std::fs::read_dir(table.join("_delta_log"))
         .expect("log")
         .map(|e| e.expect("entry").path())
@@ -486,7 +491,7 @@ fn read_log_files(table: &Path) -> BTreeSet<String> {
         for line in std::fs::read_to_string(&commit).expect("commit").lines() {
             let action: Value = serde_json::from_str(line).expect("action");
             if let Some(path) = action["add"]["path"].as_str() {
-                active.insert(path.to_owned());
+                active.insert(path.to_owned(), action["add"].clone());
             }
             if let Some(path) = action["remove"]["path"].as_str() {
                 active.remove(path);
@@ -496,17 +501,127 @@ fn read_log_files(table: &Path) -> BTreeSet<String> {
     active
 }
 
+/// The column names stored in a Parquet file.
+fn stored_columns(path: &Path) -> Vec<String> {
+    let file = std::fs::File::open(path).expect("file");
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet");
+    reader
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
+}
+
+#[test]
+fn partitioned_tables_keep_partition_values_in_paths_and_equal_one_dedup() {
+    let dir = TempDir::new().expect("tmp");
+    let batches = generated_batches(dir.path(), "60000", "6");
+    // A column that changes on update (rows move between partitions), a key column (with
+    // buckets in each partition), and both.
+    for (by, buckets) in [
+        ("status", None),
+        ("sequence", Some("4")),
+        ("status,sequence", None),
+    ] {
+        let table = dir.path().join(format!(
+            "table-{}-{}",
+            by.replace(',', "+"),
+            buckets.unwrap_or("none")
+        ));
+        let t = p(&table);
+        let mut first = vec!["--partition-by", by];
+        first.extend(buckets.iter().flat_map(|b| ["--buckets", b]));
+        for (i, batch) in batches.iter().enumerate() {
+            merge_ok(&[batch], t, if i == 0 { &first } else { &[] });
+        }
+        let columns: Vec<&str> = by.split(',').collect();
+        let adds = active_adds(&table);
+        let partitions: BTreeSet<String> = adds
+            .values()
+            .map(|a| a["partitionValues"].to_string())
+            .collect();
+        assert!(partitions.len() > 1, "{by}: {partitions:?}");
+        for (path, add) in &adds {
+            let values = &add["partitionValues"];
+            let directory: String = columns
+                .iter()
+                .map(|c| format!("{c}={}/", values[c].as_str().expect("a value")))
+                .collect();
+            assert!(path.starts_with(&directory), "{path} in {values}");
+            let stored = stored_columns(&table.join(path));
+            assert!(
+                columns.iter().all(|c| !stored.iter().any(|s| s == c)),
+                "{path} stores {stored:?}"
+            );
+        }
+        if let Some(b) = buckets {
+            let per_partition = adds.len() / partitions.len().max(1);
+            assert!(per_partition <= b.parse().expect("n"), "{adds:?}");
+        }
+        // Read back as a table (partition columns restored), it is the dedup of the batches.
+        assert_table_is_dedup_of(&batches, t);
+        let other = if by == "status" { "sequence" } else { "status" };
+        let err = merge_err(&[&batches[0]], t, &["--partition-by", other]);
+        assert!(err.contains(&format!("partitioned by {by}")), "{err}");
+    }
+}
+
+/// A batch of 4000 keys spread over the four event ids of [`KEYS`].
+fn four_thousand_keys(dir: &Path) -> PathBuf {
+    let events: Vec<Event> = (0..4000)
+        .map(|i| (KEYS[i % KEYS.len()], i as i64, 1, "c", i as i64))
+        .collect();
+    let path = dir.join("first.parquet");
+    write_events(&path, &events);
+    path
+}
+
+#[test]
+fn partitioned_by_a_key_column_a_batch_reads_only_its_keys_partitions() {
+    let dir = TempDir::new().expect("tmp");
+    let table = dir.path().join("table");
+    let t = p(&table);
+    let first = four_thousand_keys(dir.path());
+    let err = merge_err(&[&first], t, &["--partition-by", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    merge_ok(
+        &[&first],
+        t,
+        &["--partition-by", "event_id", "--max-rows-per-file", "100"],
+    );
+    assert_eq!(read_log_files(&table).len(), 40);
+    let small = dir.path().join("small.parquet");
+    write_events(
+        &small,
+        &[
+            (KEYS[0], 0, 2, "u", -1),
+            (KEYS[0], 4, 2, "d", 0),
+            ("echo", 1, 1, "c", 7),
+        ],
+    );
+    let stats = merge_ok(&[&small], t, &[]);
+    assert_eq!(counts(&stats), [1, 1, 1, 0, 0], "{stats}");
+    // alpha's 10 files are read; bravo's, charlie's and delta's are not.
+    assert_eq!(stats["files_scanned"], 10, "{stats}");
+    assert_eq!(stats["files_pruned"], 30, "{stats}");
+    assert_eq!(stats["files_removed"], 1, "{stats}");
+    assert!(
+        read_log_files(&table)
+            .iter()
+            .any(|f| f.starts_with("event_id=echo/")),
+        "a new partition"
+    );
+    assert_table_is_dedup_of(&[first, small], t);
+}
+
 #[test]
 fn a_small_batch_rewrites_only_the_files_holding_its_keys() {
     let dir = TempDir::new().expect("tmp");
     let table = dir.path().join("table");
     let t = p(&table);
     // 40 files' worth of keys, clustered by key when written.
-    let big: Vec<Event> = (0..4000)
-        .map(|i| (KEYS[i % KEYS.len()], i as i64, 1, "c", i as i64))
-        .collect();
-    let first = dir.path().join("first.parquet");
-    write_events(&first, &big);
+    let first = four_thousand_keys(dir.path());
     merge_ok(&[&first], t, &["--max-rows-per-file", "100"]);
     assert_eq!(read_log_files(&table).len(), 40);
     let small = dir.path().join("small.parquet");

@@ -6,8 +6,8 @@ use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::datatypes::{FieldRef, Schema, SchemaRef};
 use arrow::ipc::reader::{FileReader, StreamReader};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -39,6 +39,68 @@ pub enum InputSource {
     Local(PathBuf),
     /// An object in a store.
     Remote(RemoteFile),
+    /// A file of a partitioned table: its rows also have the columns whose values its
+    /// path holds (Delta `partitionValues`), which the file itself does not store.
+    Partitioned {
+        /// The file.
+        file: Box<InputSource>,
+        /// The columns, one value each.
+        columns: Arc<ConstantColumns>,
+    },
+}
+
+/// Columns with one value for every row of a file, kept outside it: the partition values of
+/// a file in a partitioned table.
+#[derive(Debug, Clone)]
+pub struct ConstantColumns {
+    fields: Vec<FieldRef>,
+    /// One row each.
+    values: Vec<ArrayRef>,
+}
+
+impl ConstantColumns {
+    /// Columns from (field, one-row array) pairs.
+    ///
+    /// # Errors
+    /// A value that is not exactly one row of its field's type.
+    pub fn try_new(columns: Vec<(FieldRef, ArrayRef)>) -> Result<Self> {
+        for (field, value) in &columns {
+            if value.len() != 1 || value.data_type() != field.data_type() {
+                return Err(Error::InvalidArgument(format!(
+                    "partition value of column '{}': expected one {} value",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+        }
+        let (fields, values) = columns.into_iter().unzip();
+        Ok(Self { fields, values })
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name() == name)
+    }
+
+    /// `batch` with the constant columns `which` appended, repeated for every row.
+    fn append(&self, batch: &RecordBatch, which: &[usize], path: &Path) -> Result<RecordBatch> {
+        if which.is_empty() {
+            return Ok(batch.clone());
+        }
+        let zeros = UInt32Array::from(vec![0u32; batch.num_rows()]);
+        let mut fields: Vec<FieldRef> = batch.schema().fields().iter().cloned().collect();
+        let mut columns = batch.columns().to_vec();
+        for &i in which {
+            fields.push(Arc::clone(&self.fields[i]));
+            columns.push(
+                arrow::compute::take(self.values[i].as_ref(), &zeros, None)
+                    .map_err(Error::arrow(path))?,
+            );
+        }
+        let options =
+            arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options)
+            .map_err(Error::arrow(path))
+    }
 }
 
 impl InputSource {
@@ -47,16 +109,32 @@ impl InputSource {
         match self {
             Self::Local(path) => path.clone(),
             Self::Remote(remote) => remote.display_path(),
+            Self::Partitioned { file, .. } => file.path(),
+        }
+    }
+
+    /// Where the file's own bytes are.
+    pub(crate) fn stored(&self) -> StoredFile<'_> {
+        match self {
+            Self::Local(path) => StoredFile::Local(path),
+            Self::Remote(remote) => StoredFile::Remote(remote),
+            Self::Partitioned { file, .. } => file.stored(),
         }
     }
 
     /// A sequential reader from the start.
     fn reader(&self) -> Result<Box<dyn ReadSeek>> {
-        match self {
-            Self::Local(path) => Ok(Box::new(File::open(path).map_err(Error::io(path))?)),
-            Self::Remote(remote) => Ok(Box::new(remote.reader())),
+        match self.stored() {
+            StoredFile::Local(path) => Ok(Box::new(File::open(path).map_err(Error::io(path))?)),
+            StoredFile::Remote(remote) => Ok(Box::new(remote.reader())),
         }
     }
+}
+
+/// An input's own bytes: a local file or an object.
+pub(crate) enum StoredFile<'a> {
+    Local(&'a Path),
+    Remote(&'a RemoteFile),
 }
 
 /// What Arrow's IPC readers read from.
@@ -69,7 +147,12 @@ pub struct InputFile {
     path: PathBuf,
     source: InputSource,
     format: Format,
+    /// The file's columns, then the constant columns (which replace stored ones of the
+    /// same name: a partition value is authoritative).
     schema: SchemaRef,
+    /// Indices into the file's own schema of the columns read from it.
+    stored: Vec<usize>,
+    constants: Option<Arc<ConstantColumns>>,
     num_rows: u64,
 }
 
@@ -186,6 +269,12 @@ impl InputFile {
     /// # Errors
     /// An unreadable, corrupt or truncated file, or one in neither format.
     pub fn open(source: &InputSource) -> Result<Self> {
+        if let InputSource::Partitioned { file, columns } = source {
+            let mut opened = Self::open(file)?;
+            opened.attach(columns);
+            opened.source = source.clone();
+            return Ok(opened);
+        }
         let path = source.path();
         let mut magic = [0u8; 6];
         let read = read_up_to(&mut *source.reader()?, &mut magic).map_err(Error::io(&path))?;
@@ -193,17 +282,20 @@ impl InputFile {
         if magic.starts_with(b"PAR1") {
             let options =
                 ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-            let metadata = match source {
-                InputSource::Local(local) => {
+            let metadata = match source.stored() {
+                StoredFile::Local(local) => {
                     let file = File::open(local).map_err(Error::io(local))?;
                     ArrowReaderMetadata::load(&file, options)
                 }
-                InputSource::Remote(remote) => ArrowReaderMetadata::load(remote, options),
+                StoredFile::Remote(remote) => ArrowReaderMetadata::load(remote, options),
             }
             .map_err(Error::parquet(&path))?;
             let num_rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
+            let schema = Arc::clone(metadata.schema());
             Ok(Self {
-                schema: Arc::clone(metadata.schema()),
+                stored: (0..schema.fields().len()).collect(),
+                schema,
+                constants: None,
                 path,
                 source: source.clone(),
                 format: Format::Parquet(metadata),
@@ -218,7 +310,9 @@ impl InputFile {
                 path,
                 source: source.clone(),
                 format: Format::Ipc { stream },
+                stored: (0..schema.fields().len()).collect(),
                 schema,
+                constants: None,
             })
         } else {
             Err(Error::InvalidArgument(format!(
@@ -238,9 +332,25 @@ impl InputFile {
         &self.source
     }
 
-    /// The file's own schema.
+    /// The file's schema: its own columns and those its path holds.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// Adds columns held outside the file; they replace stored columns of the same name.
+    fn attach(&mut self, columns: &Arc<ConstantColumns>) {
+        let own = Arc::clone(&self.schema);
+        self.stored = (0..own.fields().len())
+            .filter(|&i| columns.index_of(own.field(i).name()).is_none())
+            .collect();
+        let fields: Vec<FieldRef> = self
+            .stored
+            .iter()
+            .map(|&i| Arc::clone(&own.fields()[i]))
+            .chain(columns.fields.iter().cloned())
+            .collect();
+        self.schema = Arc::new(Schema::new_with_metadata(fields, own.metadata().clone()));
+        self.constants = Some(Arc::clone(columns));
     }
 
     /// Rows in the file.
@@ -250,29 +360,57 @@ impl InputFile {
 
     /// Reads only the named columns (which must exist), every row.
     pub fn read_columns(&self, columns: &[&str]) -> Result<Batches> {
-        let indices: Vec<usize> = columns
+        let mut indices: Vec<usize> = columns
             .iter()
             .map(|c| self.schema.index_of(c).map_err(Error::arrow(&self.path)))
             .collect::<Result<_>>()?;
-        self.read(Some(indices), None)
+        // Batches come in schema order, as from a file with just these columns.
+        indices.sort_unstable();
+        indices.dedup();
+        self.read(&indices, None)
     }
 
     /// Reads every column of the rows at `rows` (ascending, within the file).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
-        self.read(None, Some(rows))
+        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+        self.read(&all, Some(rows))
     }
 
-    fn read(&self, projection: Option<Vec<usize>>, rows: Option<&[u64]>) -> Result<Batches> {
-        match (&self.format, &self.source) {
-            (Format::Parquet(metadata), InputSource::Local(local)) => {
+    /// Reads the columns at `indices` (ascending, into [`Self::schema`]).
+    fn read(&self, indices: &[usize], rows: Option<&[u64]>) -> Result<Batches> {
+        let stored = self.stored.len();
+        let projection: Vec<usize> = indices
+            .iter()
+            .filter(|&&i| i < stored)
+            .map(|&i| self.stored[i])
+            .collect();
+        let batches = self.read_stored(projection, rows)?;
+        let Some(constants) = &self.constants else {
+            return Ok(batches);
+        };
+        let which: Vec<usize> = indices
+            .iter()
+            .filter(|&&i| i >= stored)
+            .map(|&i| i - stored)
+            .collect();
+        let constants = Arc::clone(constants);
+        let path = self.path.clone();
+        Ok(Box::new(batches.map(move |batch| {
+            batch.and_then(|b| constants.append(&b, &which, &path))
+        })))
+    }
+
+    fn read_stored(&self, projection: Vec<usize>, rows: Option<&[u64]>) -> Result<Batches> {
+        match (&self.format, self.source.stored()) {
+            (Format::Parquet(metadata), StoredFile::Local(local)) => {
                 let file = File::open(local).map_err(Error::io(local))?;
                 self.read_parquet(file, metadata, projection, rows)
             }
-            (Format::Parquet(metadata), InputSource::Remote(remote)) => {
+            (Format::Parquet(metadata), StoredFile::Remote(remote)) => {
                 self.read_parquet(remote.clone(), metadata, projection, rows)
             }
-            (Format::Ipc { stream }, source) => {
-                let (_, batches) = ipc_batches(source, *stream, projection)?;
+            (Format::Ipc { stream }, _) => {
+                let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
                 match rows {
                     None => Ok(batches),
                     Some(rows) => Ok(Box::new(select_rows(
@@ -289,14 +427,14 @@ impl InputFile {
         &self,
         input: R,
         metadata: &ArrowReaderMetadata,
-        projection: Option<Vec<usize>>,
+        projection: Vec<usize>,
         rows: Option<&[u64]>,
     ) -> Result<Batches> {
         let mut builder =
             ParquetRecordBatchReaderBuilder::new_with_metadata(input, metadata.clone())
                 .with_batch_size(BATCH_SIZE);
-        if let Some(indices) = projection {
-            let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
+        if projection.len() < metadata.schema().fields().len() {
+            let mask = ProjectionMask::roots(builder.parquet_schema(), projection);
             builder = builder.with_projection(mask);
         }
         if let Some(rows) = rows {

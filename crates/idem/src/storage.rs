@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::path::Path as ObjectPath;
+use object_store::path::{Path as ObjectPath, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
@@ -443,9 +443,16 @@ impl RemoteLocation {
         Ok(first.is_some())
     }
 
-    /// This location joined with a relative name.
-    pub fn join(&self, name: &str) -> RemoteLocation {
-        self.child(self.path.clone().join(name))
+    /// The object at `relative` below this location: `/` separates levels, and each level
+    /// is kept as written (a Delta partition directory such as `c=a%2Fb` is the object key
+    /// readers look for, not a name to escape again).
+    pub fn join(&self, relative: &str) -> RemoteLocation {
+        let mut path = self.path.clone();
+        for level in relative.split('/').filter(|l| !l.is_empty()) {
+            // Only `.`, `..` and control characters are not valid as they are.
+            path = path.join(PathPart::parse(level).unwrap_or_else(|_| PathPart::from(level)));
+        }
+        self.child(path)
     }
 
     /// Deletes the object; a missing one is fine.
@@ -789,6 +796,19 @@ mod tests {
             })
             .collect();
         assert_eq!(picked, [0, 1, 4000, 4999]);
+    }
+
+    #[test]
+    fn joined_levels_are_kept_as_written() {
+        let options = StorageOptions::default();
+        let Ok(Location::Remote(table)) = Location::parse("memory://m4/table", &options) else {
+            panic!("a remote location");
+        };
+        let file = table.join("status=a%2Fb/part-1.parquet");
+        assert_eq!(file.path.as_ref(), "table/status=a%2Fb/part-1.parquet");
+        assert_eq!(file.path.parts().count(), 3);
+        // What is not valid as written is escaped rather than refused.
+        assert_eq!(table.join("..").path.as_ref(), "table/%2E%2E");
     }
 
     #[test]

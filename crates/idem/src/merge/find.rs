@@ -1,13 +1,14 @@
 //! Which table rows a batch meets: files pruned by bucket and key statistics, then only
 //! the key and version columns of the rest read, two files at a time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use serde_json::Value;
 
+use super::partition::PartitionValues;
 use super::table::Table;
 use super::{Batch, MergeReport, Outcome, Snapshot};
 use crate::error::{Error, Result};
@@ -59,6 +60,7 @@ pub(super) fn find_rows(
             .collect()
     });
     let first_keys = FirstKeys::of(winners.rows(), &batch.spec.keys[0], &active);
+    let partitions = key_partitions(snapshot, batch, &active)?;
     let candidates: Vec<usize> = (0..snapshot.files.len())
         .filter(|&i| {
             let file = &snapshot.files[i];
@@ -66,7 +68,11 @@ pub(super) fn find_rows(
                 (Some(wanted), Some(b)) => wanted.contains(&b),
                 _ => true,
             };
-            in_bucket && first_keys.may_meet(file.first_key_bounds.as_ref())
+            let in_partition = match (&partitions, &file.partition) {
+                (Some(wanted), Some(p)) => wanted.contains(&p.values),
+                _ => true,
+            };
+            in_bucket && in_partition && first_keys.may_meet(file.first_key_bounds.as_ref())
         })
         .collect();
     report.files_scanned = candidates.len() as u64;
@@ -90,9 +96,7 @@ pub(super) fn find_rows(
                 scope.spawn(move || {
                     let mut out = Vec::new();
                     for &index in candidates.iter().skip(t).step_by(threads) {
-                        let file = &snapshot.files[index];
-                        let source = table.data_file(&file.path, file.size);
-                        let input = InputFile::open(&source)?;
+                        let input = InputFile::open(&snapshot.files[index].source(table))?;
                         let mut offset = 0u32;
                         for piece in input.read_columns(columns)? {
                             let piece = conform(&piece?, decision_schema, false, input.path())?;
@@ -135,6 +139,33 @@ pub(super) fn find_rows(
         }
     }
     Ok(found)
+}
+
+/// The partitions that can hold the active winners' keys, when every partition column is a
+/// key column (a key then lives in one partition); `None` when a key may be in any.
+fn key_partitions(
+    snapshot: &Snapshot,
+    batch: &Batch,
+    active: &[usize],
+) -> Result<Option<HashSet<PartitionValues>>> {
+    let Some(partitioning) = &snapshot.partitioning else {
+        return Ok(None);
+    };
+    if !partitioning
+        .columns()
+        .iter()
+        .all(|c| batch.spec.keys.contains(c))
+    {
+        return Ok(None);
+    }
+    let (partitions, of_row) = partitioning.of_rows(batch.winners.rows())?;
+    let wanted: BTreeSet<u32> = active.iter().map(|&r| of_row[r]).collect();
+    Ok(Some(
+        wanted
+            .into_iter()
+            .map(|p| partitions[p as usize].clone())
+            .collect(),
+    ))
 }
 
 fn project_schema(schema: &SchemaRef, columns: &[&str]) -> SchemaRef {

@@ -21,6 +21,7 @@
 
 mod find;
 mod keyed;
+mod partition;
 mod rewrite;
 mod table;
 mod tombstones;
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Field, Schema, SchemaRef};
-use deltalake_core::kernel::engine::arrow_conversion::{TryFromArrow, TryIntoArrow};
+use deltalake_core::kernel::engine::arrow_conversion::TryFromArrow;
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
 use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake_core::protocol::{DeltaOperation, MergePredicate, SaveMode};
@@ -47,13 +48,14 @@ use serde_json::{Value, json};
 
 use crate::dedup::{DedupJob, FileRows, Progress, dedup_rows};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, InputSource, expand_inputs};
+use crate::input::{ConstantColumns, InputFile, StoredFile, expand_inputs};
 use crate::storage::StorageOptions;
 use find::find_rows;
 use keyed::KeyedRows;
+use partition::{PartitionValues, Partitioning};
 use rewrite::write_data;
 use table::{Table, now_millis};
-use table::{check_readable, deletion_vector_error};
+use table::{check_readable, deletion_vector_error, table_schema};
 use tombstones::{next_tombstones, read_tombstones};
 
 /// Table property: the key columns the table was created with.
@@ -78,8 +80,10 @@ pub struct MergeJob {
     pub table: String,
     /// Key, version and policies, as for a dedup.
     pub spec: DedupSpec,
-    /// At table creation: cluster rows into this many files by key hash.
+    /// At table creation: cluster rows into this many files by key hash (per partition).
     pub buckets: Option<u32>,
+    /// At table creation: partition the table by these columns (Hive-style directories).
+    pub partition_by: Vec<String>,
     /// How long a delete keeps blocking older updates of its key.
     pub tombstone_retention: Duration,
     /// Rows per new data file (unbucketed tables).
@@ -98,6 +102,7 @@ impl MergeJob {
             table: table.into(),
             spec: DedupSpec::default(),
             buckets: None,
+            partition_by: Vec::new(),
             tombstone_retention: DEFAULT_TOMBSTONE_RETENTION,
             max_rows_per_file: DEFAULT_ROWS_PER_TABLE_FILE,
             storage: StorageOptions::default(),
@@ -209,8 +214,12 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
         .map(InputFile::open)
         .collect::<Result<_>>()?;
     let early = fingerprint(&files, &job.spec)?;
-    if let Some(delta) = table.load()?
-        && let Some(version) = applied_at(&table, &delta, &app_id(&early))?
+    let loaded = table.load()?;
+    if let Some(delta) = &loaded {
+        check_creation_options(job, &table, delta)?;
+    }
+    if let Some(delta) = &loaded
+        && let Some(version) = applied_at(&table, delta, &app_id(&early))?
     {
         return Ok(MergeReport {
             table: job.table.clone(),
@@ -227,7 +236,7 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
             ..MergeReport::default()
         });
     }
-    drop(files);
+    drop((files, loaded));
     let (batch, stats, inputs) = read_batch(job, &table, progress)?;
     let mut report = MergeReport {
         table: job.table.clone(),
@@ -360,8 +369,8 @@ fn tombstone_mask(rows: &RecordBatch, spec: &DedupSpec) -> arrow::error::Result<
 fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
     let mut parts: Vec<String> = Vec::with_capacity(files.len() + 1);
     for file in files {
-        let identity = match file.source() {
-            InputSource::Local(path) => {
+        let identity = match file.source().stored() {
+            StoredFile::Local(path) => {
                 let meta = std::fs::metadata(path).map_err(Error::io(path))?;
                 let modified = meta
                     .modified()
@@ -371,7 +380,7 @@ fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
                 let path = std::path::absolute(path).map_err(Error::io(path))?;
                 format!("{}\u{1f}{}\u{1f}{modified}", path.display(), meta.len())
             }
-            InputSource::Remote(remote) => format!(
+            StoredFile::Remote(remote) => format!(
                 "{}\u{1f}{}\u{1f}{}",
                 remote.display_path().display(),
                 remote.size(),
@@ -430,6 +439,27 @@ struct TableFile {
     /// Bounds of the first key column, from the file's statistics.
     first_key_bounds: Option<(Value, Value)>,
     bucket: Option<u32>,
+    partition: Option<FilePartition>,
+}
+
+/// Where a file of a partitioned table sits.
+struct FilePartition {
+    values: PartitionValues,
+    /// The partition columns for its rows.
+    columns: Arc<ConstantColumns>,
+    /// Its `partitionValues` as the log has them.
+    raw: HashMap<String, Option<String>>,
+}
+
+impl TableFile {
+    /// The file, to read (partition columns included).
+    fn source(&self, table: &Table) -> crate::input::InputSource {
+        table.data_file(
+            &self.path,
+            self.size,
+            self.partition.as_ref().map(|p| &p.columns),
+        )
+    }
 }
 
 /// What the table was at the version read.
@@ -438,6 +468,7 @@ struct Snapshot {
     schema: SchemaRef,
     files: Vec<TableFile>,
     buckets: Option<u32>,
+    partitioning: Option<Partitioning>,
     configuration: HashMap<String, String>,
 }
 
@@ -578,7 +609,7 @@ fn merge_once(
             Some(rows) if rows.num_rows() > 0 => {
                 let path = format!("_idem/tombstones-{}.parquet", unique_id());
                 written.push(path.clone());
-                table.write_data_file(&path, &rows.schema(), &[rows])?;
+                table.write_data_file(&path, &rows.schema(), &[rows], None)?;
                 path
             }
             _ => String::new(),
@@ -692,18 +723,25 @@ fn unique_id() -> String {
 
 fn read_snapshot(job: &MergeJob, table: &Table, batch: &Batch) -> Result<Snapshot> {
     let Some(delta) = table.load()? else {
+        let partitioning = Partitioning::try_new(&job.partition_by, &batch.schema, &table.name)?;
+        if let Some(p) = &partitioning {
+            p.check_creatable(&batch.schema, &table.name)?;
+        }
         return Ok(Snapshot {
             table: None,
             schema: Arc::clone(&batch.schema),
             files: Vec::new(),
             buckets: job.buckets,
+            partitioning,
             configuration: HashMap::new(),
         });
     };
     let state = delta.snapshot().map_err(|e| table.error(e))?;
     let metadata = state.metadata();
     let configuration: HashMap<String, String> = metadata.configuration().clone();
-    check_readable(table, metadata.partition_columns(), &configuration)?;
+    check_readable(table, &configuration)?;
+    let partition_columns = metadata.partition_columns();
+    let buckets = check_creation_options(job, table, &delta)?;
     for (property, columns) in [
         (KEY_PROPERTY, &batch.spec.keys),
         (VERSION_PROPERTY, &batch.spec.versions),
@@ -719,7 +757,62 @@ fn read_snapshot(job: &MergeJob, table: &Table, batch: &Batch) -> Result<Snapsho
             )));
         }
     }
-    let buckets = match configuration.get(BUCKETS_PROPERTY) {
+    let schema = table_schema(table, state)?;
+    check_batch_schema(table, &schema, &batch.schema)?;
+    let partitioning = Partitioning::try_new(partition_columns, &schema, &table.name)?;
+    let first_key = &batch.spec.keys[0];
+    let mut files = Vec::new();
+    for view in state.log_data().iter() {
+        if view.deletion_vector_descriptor().is_some() {
+            return Err(deletion_vector_error(table, &view.path()));
+        }
+        let path = view.path().to_string();
+        let partition = match &partitioning {
+            None => None,
+            Some(p) => {
+                let raw = view.partition_values_map();
+                let (values, columns) = p.of_file(&raw, &path)?;
+                Some(FilePartition {
+                    values,
+                    columns,
+                    raw,
+                })
+            }
+        };
+        let stats: Option<Value> = view.stats().and_then(|s| serde_json::from_str(&s).ok());
+        let first_key_bounds = stats.as_ref().and_then(|s| {
+            let low = s.get("minValues")?.get(first_key)?.clone();
+            let high = s.get("maxValues")?.get(first_key)?.clone();
+            Some((low, high))
+        });
+        files.push(TableFile {
+            bucket: buckets.and_then(|_| bucket_of_path(&path)),
+            size: view.size().max(0) as u64,
+            rows: view.num_records().map(|n| n as u64),
+            first_key_bounds,
+            partition,
+            path,
+        });
+    }
+    Ok(Snapshot {
+        table: Some(delta),
+        schema,
+        files,
+        buckets,
+        partitioning,
+        configuration,
+    })
+}
+
+/// `--buckets` and `--partition-by` apply at creation; given for an existing table, they
+/// must be what it was created with. Returns the table's number of buckets.
+fn check_creation_options(
+    job: &MergeJob,
+    table: &Table,
+    delta: &DeltaTable,
+) -> Result<Option<u32>> {
+    let metadata = delta.snapshot().map_err(|e| table.error(e))?.metadata();
+    let buckets = match metadata.configuration().get(BUCKETS_PROPERTY) {
         Some(n) => Some(n.parse::<u32>().map_err(|_| {
             Error::InvalidArgument(format!("{}: bad {BUCKETS_PROPERTY} '{n}'", table.name))
         })?),
@@ -732,41 +825,19 @@ fn read_snapshot(job: &MergeJob, table: &Table, batch: &Batch) -> Result<Snapsho
             buckets.map_or("no buckets".to_owned(), |b| format!("{b} buckets"))
         )));
     }
-    let kernel_schema = state.schema();
-    let schema: Schema = kernel_schema
-        .as_ref()
-        .try_into_arrow()
-        .map_err(|e: arrow::error::ArrowError| Error::arrow(table.display(""))(e))?;
-    let schema = Arc::new(schema);
-    check_batch_schema(table, &schema, &batch.schema)?;
-    let first_key = &batch.spec.keys[0];
-    let mut files = Vec::new();
-    for view in state.log_data().iter() {
-        if view.deletion_vector_descriptor().is_some() {
-            return Err(deletion_vector_error(table, &view.path()));
-        }
-        let path = view.path().to_string();
-        let stats: Option<Value> = view.stats().and_then(|s| serde_json::from_str(&s).ok());
-        let first_key_bounds = stats.as_ref().and_then(|s| {
-            let low = s.get("minValues")?.get(first_key)?.clone();
-            let high = s.get("maxValues")?.get(first_key)?.clone();
-            Some((low, high))
-        });
-        files.push(TableFile {
-            bucket: buckets.and_then(|_| bucket_of_path(&path)),
-            size: view.size().max(0) as u64,
-            rows: view.num_records().map(|n| n as u64),
-            first_key_bounds,
-            path,
-        });
+    let partition_columns = metadata.partition_columns();
+    if !job.partition_by.is_empty() && job.partition_by != *partition_columns {
+        return Err(Error::InvalidArgument(format!(
+            "{}: --partition-by applies when a table is created; this table is {}",
+            table.name,
+            if partition_columns.is_empty() {
+                "not partitioned".to_owned()
+            } else {
+                format!("partitioned by {}", partition_columns.join(","))
+            }
+        )));
     }
-    Ok(Snapshot {
-        table: Some(delta),
-        schema,
-        files,
-        buckets,
-        configuration,
-    })
+    Ok(buckets)
 }
 
 /// The batch must have the table's columns with the table's types: no silent drift.
@@ -867,6 +938,13 @@ fn create_table(
         .create()
         .with_table_name(name)
         .with_columns(schema.fields().cloned())
+        .with_partition_columns(
+            snapshot
+                .partitioning
+                .as_ref()
+                .map(Partitioning::columns)
+                .unwrap_or_default(),
+        )
         .with_configuration(configuration.into_iter().map(|(k, v)| (k, Some(v))))
         .with_raise_if_key_not_exists(false)
         .with_save_mode(SaveMode::ErrorIfExists)

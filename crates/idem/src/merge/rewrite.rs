@@ -1,7 +1,7 @@
 //! Copy-on-write: the files holding replaced or deleted rows are rewritten without them,
 //! new rows go to new files sorted by key (one file per touched bucket with buckets).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
@@ -13,6 +13,7 @@ use deltalake_core::kernel::{Action, Add, Remove};
 
 use super::find::Found;
 use super::keyed::key_hashes;
+use super::partition::{PartitionValues, Partitioning};
 use super::table::{Table, now_millis};
 use super::{Batch, MergeJob, MergeReport, Outcome, Snapshot, TableFile, Written, unique_id};
 use crate::error::{Error, Result};
@@ -50,42 +51,44 @@ pub(super) fn write_data(
         .map_err(Error::arrow(table.display("")))?;
     let fresh = conform(&fresh, schema, false, &table.display(""))?;
 
-    // Files to rewrite: with buckets, every file of a touched bucket (the bucket becomes one
-    // file again); without, the files that lose rows.
-    let mut rewrite: Vec<usize> = Vec::new();
-    let mut touched_buckets: BTreeSet<u32> = BTreeSet::new();
-    let fresh_buckets: Option<Vec<u32>> = match snapshot.buckets {
-        Some(n) => {
-            let hashes =
-                key_hashes(&fresh, &batch.spec.keys).map_err(Error::arrow(table.display("")))?;
-            let buckets: Vec<u32> = hashes
-                .iter()
-                .map(|h| (h % u64::from(n.max(1))) as u32)
-                .collect();
-            touched_buckets.extend(buckets.iter().copied());
-            for &file in drop_rows.keys() {
-                if let Some(b) = snapshot.files[file as usize].bucket {
-                    touched_buckets.insert(b);
-                }
+    // New rows by slot: their partition (partitioned tables) and bucket (bucketed ones).
+    let (partitions, partition_of): (Vec<Option<PartitionValues>>, Vec<u32>) =
+        match &snapshot.partitioning {
+            Some(p) => {
+                let (partitions, of_row) = p.of_rows(&fresh)?;
+                (partitions.into_iter().map(Some).collect(), of_row)
             }
-            // Files another writer added without a bucket are always scanned; rewritten,
-            // they stay bucketless (below).
-            rewrite.extend((0..snapshot.files.len()).filter(|&i| {
-                snapshot.files[i]
-                    .bucket
-                    .is_some_and(|b| touched_buckets.contains(&b))
-            }));
-            Some(buckets)
-        }
-        None => {
-            rewrite.extend(drop_rows.keys().map(|&f| f as usize));
-            None
-        }
+            None => (vec![None], vec![0; fresh.num_rows()]),
+        };
+    let bucket_of: Vec<Option<u32>> = match snapshot.buckets {
+        Some(n) => key_hashes(&fresh, &batch.spec.keys)
+            .map_err(Error::arrow(table.display("")))?
+            .iter()
+            .map(|h| Some((h % u64::from(n.max(1))) as u32))
+            .collect(),
+        None => vec![None; fresh.num_rows()],
     };
+    let mut by_slot: BTreeMap<(u32, Option<u32>), Vec<u32>> = BTreeMap::new();
+    for (row, (partition, bucket)) in partition_of.into_iter().zip(bucket_of).enumerate() {
+        by_slot
+            .entry((partition, bucket))
+            .or_default()
+            .push(row as u32);
+    }
+    let fresh_slots: BTreeMap<Slot, Vec<u32>> = by_slot
+        .into_iter()
+        .map(|((partition, bucket), rows)| ((partitions[partition as usize].clone(), bucket), rows))
+        .collect();
+    let file_slots: Vec<Slot> = snapshot
+        .files
+        .iter()
+        .map(|f| (f.partition.as_ref().map(|p| p.values.clone()), f.bucket))
+        .collect();
 
     let mut out = Out {
         table,
         schema,
+        partitioning: snapshot.partitioning.as_ref(),
         written,
         actions,
         report,
@@ -99,74 +102,72 @@ pub(super) fn write_data(
             .copied()
             .collect()
     };
-    match fresh_buckets {
-        Some(fresh_buckets) => {
-            // One bucket at a time, so memory holds one bucket's rows.
-            for bucket in &touched_buckets {
-                let mut parts = Vec::new();
-                for &index in rewrite
-                    .iter()
-                    .filter(|&&i| snapshot.files[i].bucket == Some(*bucket))
-                {
-                    parts.extend(out.survivors(&snapshot.files[index], &dropped_in(index))?);
-                }
-                let pick: Vec<u32> = (0..fresh.num_rows() as u32)
-                    .filter(|&r| fresh_buckets[r as usize] == *bucket)
-                    .collect();
-                parts.push(
-                    take_record_batch(&fresh, &UInt32Array::from(pick))
-                        .map_err(Error::arrow(table.display("")))?,
-                );
-                let rows =
-                    concat_batches(schema, &parts).map_err(Error::arrow(table.display("")))?;
-                if rows.num_rows() > 0 {
-                    let rows = sort_by_key(&rows, &batch.spec.keys)?;
-                    out.add(&format!("bucket-{bucket:05}"), &rows)?;
-                }
+    let take = |rows: &[u32]| {
+        take_record_batch(&fresh, &UInt32Array::from(rows.to_vec()))
+            .map_err(Error::arrow(table.display("")))
+    };
+    // Files that lose rows and belong to no bucket keep their other rows together in one
+    // new file of their partition: they were clustered by key when written.
+    for &index in drop_rows.keys() {
+        let index = index as usize;
+        if snapshot.buckets.is_some() && file_slots[index].1.is_some() {
+            continue;
+        }
+        let parts = out.survivors(&snapshot.files[index], &dropped_in(index))?;
+        let rows = concat_batches(schema, &parts).map_err(Error::arrow(table.display("")))?;
+        if rows.num_rows() > 0 {
+            out.add("part", &rows, file_slots[index].0.as_ref())?;
+        }
+    }
+    if snapshot.buckets.is_some() {
+        // A touched bucket (of a partition) becomes one file again: its old files'
+        // surviving rows and its new rows. One bucket at a time, so memory holds one
+        // bucket's rows.
+        let mut touched: BTreeSet<&Slot> = fresh_slots.keys().collect();
+        touched.extend(
+            drop_rows
+                .keys()
+                .map(|&i| &file_slots[i as usize])
+                .filter(|slot| slot.1.is_some()),
+        );
+        for slot in touched {
+            let mut parts = Vec::new();
+            for index in (0..snapshot.files.len()).filter(|&i| file_slots[i] == *slot) {
+                parts.extend(out.survivors(&snapshot.files[index], &dropped_in(index))?);
             }
-            for (&index, _) in drop_rows
-                .iter()
-                .filter(|(i, _)| snapshot.files[**i as usize].bucket.is_none())
-            {
-                let index = index as usize;
-                let parts = out.survivors(&snapshot.files[index], &dropped_in(index))?;
-                let rows =
-                    concat_batches(schema, &parts).map_err(Error::arrow(table.display("")))?;
-                if rows.num_rows() > 0 {
-                    out.add("part", &rows)?;
-                }
+            if let Some(rows) = fresh_slots.get(slot) {
+                parts.push(take(rows)?);
+            }
+            let rows = concat_batches(schema, &parts).map_err(Error::arrow(table.display("")))?;
+            if rows.num_rows() > 0 {
+                let rows = sort_by_key(&rows, &batch.spec.keys)?;
+                let bucket = slot.1.unwrap_or_default();
+                out.add(&format!("bucket-{bucket:05}"), &rows, slot.0.as_ref())?;
             }
         }
-        None => {
-            // A rewritten file keeps its other rows together: they were clustered by key
-            // when written.
-            for &index in &rewrite {
-                let parts = out.survivors(&snapshot.files[index], &dropped_in(index))?;
-                let rows =
-                    concat_batches(schema, &parts).map_err(Error::arrow(table.display("")))?;
-                if rows.num_rows() > 0 {
-                    out.add("part", &rows)?;
-                }
-            }
-            if fresh.num_rows() > 0 {
-                let sorted = sort_by_key(&fresh, &batch.spec.keys)?;
-                let per_file = job.max_rows_per_file.max(1);
-                let mut start = 0;
-                while start < sorted.num_rows() {
-                    let len = per_file.min(sorted.num_rows() - start);
-                    out.add("part", &sorted.slice(start, len))?;
-                    start += len;
-                }
+    } else {
+        for (slot, rows) in &fresh_slots {
+            let sorted = sort_by_key(&take(rows)?, &batch.spec.keys)?;
+            let per_file = job.max_rows_per_file.max(1);
+            let mut start = 0;
+            while start < sorted.num_rows() {
+                let len = per_file.min(sorted.num_rows() - start);
+                out.add("part", &sorted.slice(start, len), slot.0.as_ref())?;
+                start += len;
             }
         }
     }
     Ok(())
 }
 
+/// Where rows are written: a partition and a bucket, where the table has them.
+type Slot = (Option<PartitionValues>, Option<u32>);
+
 /// Where [`write_data`] puts what it writes.
 struct Out<'a, 'b> {
     table: &'a Table,
     schema: &'a SchemaRef,
+    partitioning: Option<&'a Partitioning>,
     written: &'a mut Written<'b>,
     actions: &'a mut Vec<Action>,
     report: &'a mut MergeReport,
@@ -175,7 +176,7 @@ struct Out<'a, 'b> {
 impl Out<'_, '_> {
     /// Reads a file without its `dropped` rows and records its removal.
     fn survivors(&mut self, file: &TableFile, dropped: &BTreeSet<u32>) -> Result<Vec<RecordBatch>> {
-        let input = InputFile::open(&self.table.data_file(&file.path, file.size))?;
+        let input = InputFile::open(&file.source(self.table))?;
         let names: Vec<&str> = self
             .schema
             .fields()
@@ -203,20 +204,36 @@ impl Out<'_, '_> {
             deletion_timestamp: Some(now_millis()),
             extended_file_metadata: Some(true),
             size: Some(file.size as i64),
-            partition_values: Some(HashMap::new()),
+            partition_values: Some(
+                file.partition
+                    .as_ref()
+                    .map(|p| p.raw.clone())
+                    .unwrap_or_default(),
+            ),
             ..Default::default()
         }));
         self.report.files_removed += 1;
         Ok(kept)
     }
 
-    /// Writes rows as a new data file named `PREFIX-UNIQUE.parquet`.
-    fn add(&mut self, prefix: &str, rows: &RecordBatch) -> Result<()> {
-        let path = format!("{prefix}-{}.parquet", unique_id());
+    /// Writes rows as a new data file named `PREFIX-UNIQUE.parquet`, in the directory of
+    /// its partition.
+    fn add(
+        &mut self,
+        prefix: &str,
+        rows: &RecordBatch,
+        partition: Option<&PartitionValues>,
+    ) -> Result<()> {
+        let name = format!("{prefix}-{}.parquet", unique_id());
+        let placed = self.partitioning.zip(partition);
+        let path = match placed {
+            Some((p, values)) => format!("{}/{name}", p.directory(values)),
+            None => name,
+        };
         self.written.push(path.clone());
         let add: Add =
             self.table
-                .write_data_file(&path, self.schema, std::slice::from_ref(rows))?;
+                .write_data_file(&path, self.schema, std::slice::from_ref(rows), placed)?;
         self.actions.push(Action::Add(add));
         self.report.files_added += 1;
         Ok(())

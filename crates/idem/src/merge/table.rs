@@ -19,8 +19,9 @@ use object_store::prefix::PrefixStore;
 use serde_json::{Map, Value, json};
 use url::Url;
 
+use super::partition::{PartitionValues, Partitioning};
 use crate::error::{Error, Result};
-use crate::input::InputSource;
+use crate::input::{ConstantColumns, InputSource};
 use crate::output::OutputWriter;
 use crate::storage::{Location, RemoteLocation, StorageOptions, block_on, object_store_for};
 
@@ -102,11 +103,24 @@ impl Table {
         }
     }
 
-    /// A data file of the table, by its path relative to the table's root.
-    pub fn data_file(&self, relative: &str, size: u64) -> InputSource {
-        match &self.files {
+    /// A data file of the table, by its path relative to the table's root, with the
+    /// partition columns its rows get from the log.
+    pub fn data_file(
+        &self,
+        relative: &str,
+        size: u64,
+        partition: Option<&Arc<ConstantColumns>>,
+    ) -> InputSource {
+        let file = match &self.files {
             Files::Local(root) => InputSource::Local(root.join(relative)),
             Files::Remote(root) => InputSource::Remote(root.join(relative).file_of_size(size)),
+        };
+        match partition {
+            None => file,
+            Some(columns) => InputSource::Partitioned {
+                file: Box::new(file),
+                columns: Arc::clone(columns),
+            },
         }
     }
 
@@ -132,13 +146,38 @@ impl Table {
     }
 
     /// Writes rows as one Parquet data file at `relative` and returns its `add` action,
-    /// statistics included. The file is not part of the table until a commit adds it.
+    /// statistics included. In a partition, the partition columns are left out of the
+    /// file and recorded in the action. The file is not part of the table until a commit
+    /// adds it.
     pub fn write_data_file(
         &self,
         relative: &str,
         schema: &SchemaRef,
         batches: &[RecordBatch],
+        partition: Option<(&Partitioning, &PartitionValues)>,
     ) -> Result<Add> {
+        let stripped;
+        let (schema, batches) = match partition {
+            None => (Arc::clone(schema), batches),
+            Some((partitioning, _)) => {
+                stripped = batches
+                    .iter()
+                    .map(|b| partitioning.strip(b))
+                    .collect::<Result<Vec<_>>>()?;
+                let schema = match stripped.first() {
+                    Some(first) => first.schema(),
+                    None => Arc::new(arrow::datatypes::Schema::new(
+                        schema
+                            .fields()
+                            .iter()
+                            .filter(|f| !partitioning.contains(f.name()))
+                            .cloned()
+                            .collect::<Vec<_>>(),
+                    )),
+                };
+                (schema, stripped.as_slice())
+            }
+        };
         let staging;
         let local = match &self.files {
             Files::Local(root) => root.join(relative),
@@ -150,7 +189,7 @@ impl Table {
         if let Some(parent) = local.parent() {
             std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
         }
-        let mut writer = OutputWriter::try_new(&local, Arc::clone(schema), usize::MAX)?;
+        let mut writer = OutputWriter::try_new(&local, schema, usize::MAX)?;
         for batch in batches {
             writer.write(batch)?;
         }
@@ -165,6 +204,7 @@ impl Table {
             modification_time: now_millis(),
             data_change: true,
             stats: Some(file_stats(batches).to_string()),
+            partition_values: partition.map_or_else(HashMap::new, |(p, v)| p.raw(v)),
             ..Default::default()
         })
     }
@@ -212,41 +252,47 @@ pub(crate) fn table_files(
         return Ok(None);
     };
     let state = delta.snapshot().map_err(|e| table.error(e))?;
-    check_readable(
-        &table,
-        state.metadata().partition_columns(),
-        state.metadata().configuration(),
-    )?;
+    check_readable(&table, state.metadata().configuration())?;
+    let schema = table_schema(&table, state)?;
+    let partitioning =
+        Partitioning::try_new(state.metadata().partition_columns(), &schema, &table.name)?;
     let mut files = Vec::new();
     for view in state.log_data().iter() {
         if view.deletion_vector_descriptor().is_some() {
             return Err(deletion_vector_error(&table, &view.path()));
         }
-        files.push((view.path().to_string(), view.size().max(0) as u64));
+        let path = view.path().to_string();
+        let partition = match &partitioning {
+            None => None,
+            Some(p) => Some(p.of_file(&view.partition_values_map(), &path)?.1),
+        };
+        files.push((path, view.size().max(0) as u64, partition));
     }
-    files.sort();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(
         files
             .into_iter()
-            .map(|(path, size)| table.data_file(&path, size))
+            .map(|(path, size, partition)| table.data_file(&path, size, partition.as_ref()))
             .collect(),
     ))
 }
 
-/// What idem can read and rewrite: plain Parquet files with the table's columns.
-pub(super) fn check_readable(
+/// The table's columns as Arrow sees them (partition columns included).
+pub(super) fn table_schema(
     table: &Table,
-    partition_columns: &[String],
-    configuration: &HashMap<String, String>,
-) -> Result<()> {
-    if !partition_columns.is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "{}: the table is partitioned by {}; idem reads and merges unpartitioned tables \
-             (use --buckets to cluster by key)",
-            table.name,
-            partition_columns.join(", ")
-        )));
-    }
+    state: &deltalake_core::table::state::DeltaTableState,
+) -> Result<SchemaRef> {
+    use deltalake_core::kernel::engine::arrow_conversion::TryIntoArrow;
+    let schema: arrow::datatypes::Schema = state
+        .schema()
+        .as_ref()
+        .try_into_arrow()
+        .map_err(|e: arrow::error::ArrowError| Error::arrow(table.display(""))(e))?;
+    Ok(Arc::new(schema))
+}
+
+/// What idem can read and rewrite: Parquet files holding the table's columns by name.
+pub(super) fn check_readable(table: &Table, configuration: &HashMap<String, String>) -> Result<()> {
     if let Some(mode) = configuration.get("delta.columnMapping.mode")
         && mode != "none"
     {
