@@ -2,7 +2,8 @@
 # The whole test suite, from nothing: formatting, lints, unit / property / end-to-end tests,
 # the object-storage tests against a real S3-compatible server, and the check of idem's
 # output against DuckDB on generated data, and the Delta interop check. It installs what the
-# tests need (DuckDB, moto and deltalake from PyPI, in a virtualenv outside the clone), starts moto's S3 server on a free loopback
+# tests need (DuckDB, moto and deltalake from PyPI, in a virtualenv outside the clone; Debian's
+# chromium for the report's browser test), starts moto's S3 server on a free loopback
 # port for the duration of the tests, and stops it on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,15 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.s
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5' 'deltalake==1.6.6'
 fi
+
+echo "== browser (Debian chromium, for the HTML report test)"
+if ! command -v chromium >/dev/null; then
+  as_root=""
+  [ "$(id -u)" = 0 ] || as_root="sudo"
+  $as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium >/dev/null
+fi
+export IDEM_TEST_CHROMIUM="$(command -v chromium)"
 
 echo "== S3 server (moto, loopback)"
 port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

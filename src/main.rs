@@ -151,6 +151,10 @@ struct VerifyArgs {
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Write the outcome in Prometheus text format to PATH (replaced atomically), for
+    /// alerting on `idem_verify_matches == 0`.
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<PathBuf>,
     /// No progress bar.
     #[arg(short, long)]
     quiet: bool,
@@ -191,6 +195,18 @@ struct DedupArgs {
     /// exceeds FRACTION, so that a scheduler can alert on a producer gone wrong.
     #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
     max_duplicate_rate: Option<f64>,
+    /// Write a self-contained HTML page about the run to PATH: counts, the duplicate rate
+    /// over event time (with --time-column), each input's dropped share, the keys
+    /// delivered most often. Costs one more read of the key (and time) columns.
+    #[arg(long, value_name = "PATH.html")]
+    report: Option<PathBuf>,
+    /// The event-time column (timestamp or date) the report charts the duplicate rate
+    /// over, per second, minute, hour or day (the finest that fits the span in 240 bars).
+    #[arg(long, value_name = "COLUMN", requires = "report")]
+    time_column: Option<String>,
+    /// How many of the most-delivered keys the report lists.
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "report")]
+    report_top_keys: usize,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -397,6 +413,13 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
     if let Some(path) = &args.metrics {
         idem::metrics::write_metrics(path, &idem::metrics::dedup_metrics(&report))
             .map_err(|e| error_chain(&e))?;
+    }
+    if let Some(path) = &args.report {
+        let options = idem::ReportOptions {
+            time_column: args.time_column.clone(),
+            top_keys: args.report_top_keys,
+        };
+        idem::write_report(path, &job, &report, &options).map_err(|e| error_chain(&e))?;
     }
     if !args.quiet {
         eprintln!("{}", summary(&report));
@@ -628,6 +651,10 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     let result = idem::run_verify(&job, &bar);
     bar.0.finish_and_clear();
     let report = result.map_err(|e| error_chain(&e))?;
+    if let Some(path) = &args.metrics {
+        let text = idem::metrics::verify_metrics(&report, &job.target.join(","));
+        idem::metrics::write_metrics(path, &text).map_err(|e| error_chain(&e))?;
+    }
     if args.json {
         print_stdout(&serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
     } else {

@@ -1195,6 +1195,42 @@ fn verify_finds_each_kind_of_difference_on_a_million_rows() {
 }
 
 #[test]
+fn stats_say_which_input_file_the_duplicates_came_from() {
+    let dir = TempDir::new().expect("tmp");
+    let original = dir.path().join("a.parquet");
+    let replay = dir.path().join("b.parquet");
+    let first = format!("{}/events-00000.parquet", sample());
+    std::fs::copy(&first, &original).expect("copy");
+    std::fs::copy(&first, &replay).expect("copy");
+    let out = dir.path().join("out.parquet");
+    let output = idem()
+        .args([
+            "dedup",
+            p(&original),
+            p(&replay),
+            "--op",
+            "op",
+            "-o",
+            p(&out),
+        ])
+        .args(["--stats", "-", "-q"])
+        .output()
+        .expect("run");
+    assert!(output.status.success(), "{output:?}");
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("stats");
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("a count in {stats}"));
+    let (a, b) = (&stats["inputs"][0], &stats["inputs"][1]);
+    // Ties go to the first input: the replay contributes nothing and is all dropped.
+    assert_eq!(n(&a["kept"]), n(&stats["rows_out"]), "{stats}");
+    assert_eq!(n(&a["kept"]) + n(&a["dropped"]), n(&a["rows"]));
+    assert_eq!(
+        (n(&b["kept"]), n(&b["dropped"])),
+        (0, n(&b["rows"])),
+        "{stats}"
+    );
+}
+
+#[test]
 fn metrics_file_and_the_duplicate_rate_alert() {
     let dir = TempDir::new().expect("tmp");
     let out = dir.path().join("out.parquet");
@@ -1226,7 +1262,7 @@ fn metrics_file_and_the_duplicate_rate_alert() {
 
     let text = std::fs::read_to_string(&prom).expect("metrics");
     let mut values = std::collections::HashMap::new();
-    let mut input_rows = 0;
+    let (mut input_rows, mut input_dropped) = (0, 0);
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let (series, value) = line.rsplit_once(' ').expect("series value");
         let value: f64 = value.parse().expect("a number");
@@ -1238,6 +1274,8 @@ fn metrics_file_and_the_duplicate_rate_alert() {
         );
         if name == "idem_input_rows" {
             input_rows += value as u64;
+        } else if name == "idem_input_dropped_rows" {
+            input_dropped += value as u64;
         } else {
             values.insert(name.to_owned(), value);
         }
@@ -1252,6 +1290,10 @@ fn metrics_file_and_the_duplicate_rate_alert() {
     );
     assert!((values["idem_duplicate_rate"] - rate).abs() < 1e-12);
     assert_eq!(input_rows, stats["rows_in"].as_u64().expect("n"));
+    assert_eq!(
+        input_dropped,
+        input_rows - stats["rows_out"].as_u64().expect("n")
+    );
     assert!(text.contains("# TYPE idem_rows_in gauge"));
     assert!(values["idem_last_run_timestamp_seconds"] > 1.7e9);
 
@@ -1259,4 +1301,166 @@ fn metrics_file_and_the_duplicate_rate_alert() {
     assert_eq!(run("1").status.code(), Some(0));
     // Not a fraction: bad usage.
     assert_eq!(run("1.5").status.code(), Some(2));
+}
+
+/// `--report`: the page's figures agree with the stats, and it renders in headless Chromium
+/// (when the test command installed it) without console messages, with the chart drawn.
+#[test]
+fn html_report_shows_the_run_and_renders_in_a_browser() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out.parquet");
+    let page = dir.path().join("report.html");
+    let stats = dedup_ok(&[
+        &sample(),
+        "--op",
+        "op",
+        "-o",
+        p(&out),
+        "--report",
+        p(&page),
+        "--time-column",
+        "event_time",
+    ]);
+    let html = std::fs::read_to_string(&page).expect("report written");
+    assert!(html.contains(r#"<svg id="duplicate-rate-chart""#));
+    let bars = html.matches(r#"<rect class="bar""#).count();
+    assert!(bars > 1, "{bars} bars");
+    // Copies over all buckets are the run's duplicates + superseded (no null keys here).
+    let copies: u64 = html
+        .split("<title>")
+        .skip(1)
+        .filter_map(|t| {
+            t.split(": ")
+                .nth(1)?
+                .split(" of ")
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    let n = |k: &str| {
+        stats[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} in {stats}"))
+    };
+    assert_eq!(copies, n("duplicates") + n("superseded"));
+    for input in stats["inputs"].as_array().expect("inputs") {
+        let name = input["path"].as_str().expect("path");
+        assert!(html.contains(name), "{name} listed");
+    }
+    assert!(html.contains(r#"<table id="top-keys">"#) && html.contains("event_id="));
+    assert!(!html.contains("<script"), "self-contained and static");
+
+    // A missing time column is named.
+    let bad = idem()
+        .args(["dedup", &sample(), "-o", p(&out), "-q"])
+        .args(["--report", p(&page), "--time-column", "nope"])
+        .output()
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("nope"));
+
+    let Some(chromium) = std::env::var_os("IDEM_TEST_CHROMIUM") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "IDEM_TEST_CHROMIUM is not set: run through scripts/test.sh"
+        );
+        return;
+    };
+    let browse = |extra: &[&str]| {
+        let profile = TempDir::new().expect("profile");
+        std::process::Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--window-size=1100,1600",
+            ])
+            .arg(format!("--user-data-dir={}", p(profile.path())))
+            .args(extra)
+            .arg(format!("file://{}", p(&page)))
+            .output()
+            .expect("chromium runs")
+    };
+    let dom = browse(&["--dump-dom"]);
+    assert!(dom.status.success(), "{dom:?}");
+    let rendered = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        rendered.contains(r#"id="duplicate-rate-chart""#),
+        "{rendered}"
+    );
+    assert_eq!(rendered.matches(r#"class="bar""#).count(), bars);
+    let log = String::from_utf8_lossy(&dom.stderr);
+    assert!(
+        !log.lines().any(|l| l.contains("CONSOLE")),
+        "console messages: {log}"
+    );
+    // The screenshot shows the chart: pixels in the bars' colour.
+    let shot = dir.path().join("report.png");
+    let taken = browse(&[&format!("--screenshot={}", p(&shot))]);
+    assert!(taken.status.success(), "{taken:?}");
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(&shot).expect("screenshot"),
+    ));
+    let mut reader = decoder.read_info().expect("png");
+    let mut pixels = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut pixels).expect("frame");
+    let channels = info.color_type.samples();
+    let bar_pixels = pixels[..info.buffer_size()]
+        .chunks(channels)
+        .filter(|px| px[0] == 0xc0 && px[1] == 0x39 && px[2] == 0x2b)
+        .count();
+    assert!(bar_pixels > 100, "{bar_pixels} pixels of bar colour");
+}
+
+#[test]
+fn verify_writes_its_outcome_as_metrics() {
+    let dir = TempDir::new().expect("tmp");
+    let out = dir.path().join("out.parquet");
+    dedup_ok(&[&sample(), "-o", p(&out), "--op", "op"]);
+    let prom = dir.path().join("verify.prom");
+    let run = |target: &str| {
+        let status = idem()
+            .args([
+                "verify",
+                "--source",
+                &sample(),
+                "--target",
+                target,
+                "--op",
+                "op",
+            ])
+            .args(["--metrics", p(&prom), "-q"])
+            .output()
+            .expect("verify")
+            .status
+            .code();
+        let text = std::fs::read_to_string(&prom).expect("metrics");
+        let value = |name: &str| -> f64 {
+            let prefix = format!(r#"{name}{{command="verify",target="{target}"}} "#);
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("{prefix} in {text}"))
+                .parse()
+                .expect("a number")
+        };
+        (
+            status,
+            value("idem_verify_matches"),
+            value("idem_missing_rows"),
+        )
+    };
+    assert_eq!(run(p(&out)), (Some(0), 1.0, 0.0));
+    // A target holding only the first input's winners lacks the others.
+    let first = format!("{}/events-00000.parquet", sample());
+    let (status, matches, missing) = run(&first);
+    assert_eq!((status, matches), (Some(1), 0.0));
+    assert!(missing > 0.0);
 }

@@ -80,13 +80,34 @@ pub struct NoProgress;
 
 impl Progress for NoProgress {}
 
-/// Rows read from one input file.
+/// Rows read from one input file, and what became of them.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileRows {
     /// The file.
     pub path: String,
     /// Its rows.
     pub rows: u64,
+    /// Its rows in the result: winners (and tombstones, where kept). Absent when the rows
+    /// were not deduplicated (a merge found the batch already applied).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
+    /// Its rows not in the result: duplicates, superseded versions, deletes and null keys.
+    /// A file whose share jumps points at the producer that re-sent it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+}
+
+impl FileRows {
+    /// A file's counts; `kept` when its rows were deduplicated.
+    pub(crate) fn new(file: &InputFile, kept: Option<u64>) -> Self {
+        let rows = file.num_rows();
+        Self {
+            path: file.path().display().to_string(),
+            rows,
+            kept,
+            dropped: kept.map(|k| rows.saturating_sub(k)),
+        }
+    }
 }
 
 /// The statistics of a dedup run; `--stats` writes it as JSON.
@@ -126,23 +147,18 @@ pub struct DedupReport {
 }
 
 impl DedupReport {
-    fn new(job: &DedupJob, files: &[InputFile], stats: DedupStats) -> Self {
+    fn new(job: &DedupJob, run: &DedupRun) -> Self {
+        let stats = run.stats;
         Self {
             stats,
-            input_files: files.len(),
+            input_files: run.files.len(),
             duplicate_rate: stats.duplicate_rate(),
             key: job.spec.keys.clone(),
             version: job.spec.versions.clone(),
             on_tie: job.spec.options.on_tie.to_string(),
             output: job.output.clone(),
             output_files: Vec::new(),
-            inputs: files
-                .iter()
-                .map(|f| FileRows {
-                    path: f.path().display().to_string(),
-                    rows: f.num_rows(),
-                })
-                .collect(),
+            inputs: run.file_rows(),
             table_bytes: 0,
             memory_limit: job.memory_limit,
             key_partitions: 1,
@@ -214,7 +230,7 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
         |writer, kept| writer.write(&kept),
     )?;
     let output_files = writer.commit()?;
-    let mut report = DedupReport::new(job, &run.files, run.stats);
+    let mut report = DedupReport::new(job, &run);
     report.key_partitions = run.key_partitions;
     report.output_files = output_files
         .iter()
@@ -235,6 +251,8 @@ pub(crate) struct DedupRun {
     pub schema: SchemaRef,
     /// The counts, conflicts included.
     pub stats: DedupStats,
+    /// Rows of each file in the result.
+    pub kept_per_file: Vec<u64>,
     /// Key partitions of the first pass.
     pub key_partitions: u32,
     /// The key table's largest size.
@@ -243,6 +261,17 @@ pub(crate) struct DedupRun {
     pub decide_seconds: f64,
     /// When the second pass started.
     pub fetch_started: Instant,
+}
+
+impl DedupRun {
+    /// Each input's rows, kept and dropped, in input order.
+    pub fn file_rows(&self) -> Vec<FileRows> {
+        self.files
+            .iter()
+            .zip(&self.kept_per_file)
+            .map(|(file, &kept)| FileRows::new(file, Some(kept)))
+            .collect()
+    }
 }
 
 /// The two passes of a dedup of `job`'s inputs, without the output: `open` makes a sink once
@@ -275,10 +304,12 @@ pub(crate) fn dedup_rows<S>(
     );
     // Decoding and selecting run on a second thread while this one encodes and compresses.
     let selection = &mut decision.selection;
+    let mut kept_per_file = vec![0u64; files.len()];
+    let kept_counts = &mut kept_per_file;
     pipeline(
         |send| {
             let mut start = 0u64;
-            for file in &files {
+            for (index, file) in files.iter().enumerate() {
                 let end = start + file.num_rows();
                 let plan = match selection.plan(start, end) {
                     Ok(plan) => plan,
@@ -288,6 +319,7 @@ pub(crate) fn dedup_rows<S>(
                     }
                 };
                 start = end;
+                kept_counts[index] = plan.keep.iter().filter(|&&k| k).count() as u64;
                 if !plan.rows.is_empty() && !fetch_planned(file, &plan, &schema, send) {
                     return;
                 }
@@ -315,6 +347,7 @@ pub(crate) fn dedup_rows<S>(
             files,
             schema,
             stats,
+            kept_per_file,
             key_partitions: decision.partitions,
             table_bytes: decision.table_bytes,
             decide_seconds,

@@ -30,6 +30,7 @@ pub mod input;
 mod merge;
 pub mod metrics;
 mod output;
+mod report;
 pub mod schema;
 #[cfg(feature = "sql")]
 mod sql;
@@ -48,6 +49,7 @@ pub use merge::{
     parse_duration, run_merge, run_vacuum,
 };
 pub use output::OutputWriter;
+pub use report::{ReportOptions, write_report};
 #[cfg(feature = "sql")]
 pub use sql::{SqlOutput, format_table, run_sql, session};
 pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};

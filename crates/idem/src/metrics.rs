@@ -1,5 +1,6 @@
 //! A run's statistics in Prometheus' text exposition format, for node_exporter's textfile
-//! collector: `idem dedup … --metrics /var/lib/node_exporter/idem.prom` (and `idem merge`).
+//! collector: `idem dedup … --metrics /var/lib/node_exporter/idem.prom` (and `idem merge`,
+//! `idem verify`).
 //!
 //! Every series is a gauge describing the last run, labelled with the command and output, so
 //! that one file per job can sit in the collector's directory. The file is replaced
@@ -11,7 +12,7 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::dedup::{DedupReport, FileRows};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Escapes a label value as the exposition format wants (`\`, `"` and newlines).
 fn label(value: &str) -> String {
@@ -200,6 +201,75 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// The report of an `idem verify` run as Prometheus text, labelled `command="verify"` and
+/// the target (as given): alert on `idem_verify_matches == 0`.
+pub fn verify_metrics(report: &crate::VerifyReport, target: &str) -> String {
+    let labels = format!(r#"command="verify",target="{}""#, label(target));
+    let series: [(&str, &str, f64); 12] = [
+        (
+            "verify_matches",
+            "1 when the target holds exactly the dedup of the sources, else 0.",
+            if report.matches { 1.0 } else { 0.0 },
+        ),
+        (
+            "expected_rows",
+            "Rows the target should hold.",
+            report.expected_rows as f64,
+        ),
+        (
+            "target_rows",
+            "Rows the target holds.",
+            report.target_rows as f64,
+        ),
+        (
+            "matching_rows",
+            "Target rows equal to the expected row of their key.",
+            report.matching_rows as f64,
+        ),
+        (
+            "missing_rows",
+            "Expected rows whose key the target lacks.",
+            report.missing_rows as f64,
+        ),
+        (
+            "extra_rows",
+            "Target rows whose key is not expected.",
+            report.extra_rows as f64,
+        ),
+        (
+            "differing_rows",
+            "Target rows whose key is expected with other values.",
+            report.differing_rows as f64,
+        ),
+        (
+            "duplicate_rows",
+            "Target rows repeating a key already seen in the target.",
+            report.duplicate_rows as f64,
+        ),
+        (
+            "rows_in",
+            "Rows read from the sources.",
+            report.source.rows_in as f64,
+        ),
+        (
+            "duplicate_rate",
+            "(duplicates + superseded) / rows_in of the sources.",
+            report.source.duplicate_rate(),
+        ),
+        (
+            "input_files",
+            "Source files read.",
+            report.source_files as f64,
+        ),
+        (
+            "target_files",
+            "Target files read.",
+            report.target_files as f64,
+        ),
+    ];
+    render(&labels, &series, report.elapsed_seconds, &[])
+}
+
 /// One gauge per series, the run's wall time and end, then the rows of each input file.
 fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[FileRows]) -> String {
     let mut text = String::new();
@@ -216,11 +286,13 @@ fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[Fi
         let _ = writeln!(text, "# TYPE idem_{name} gauge");
         let _ = writeln!(text, "idem_{name}{{{labels}}} {value}");
     }
-    let _ = writeln!(
-        text,
-        "# HELP idem_input_rows Rows read from one input file."
-    );
-    let _ = writeln!(text, "# TYPE idem_input_rows gauge");
+    if !inputs.is_empty() {
+        let _ = writeln!(
+            text,
+            "# HELP idem_input_rows Rows read from one input file."
+        );
+        let _ = writeln!(text, "# TYPE idem_input_rows gauge");
+    }
     for input in inputs {
         let _ = writeln!(
             text,
@@ -229,24 +301,33 @@ fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[Fi
             input.rows
         );
     }
+    if inputs.iter().any(|i| i.dropped.is_some()) {
+        let _ = writeln!(
+            text,
+            "# HELP idem_input_dropped_rows Rows of one input file not in the result \
+             (duplicates, superseded versions, deletes, null keys)."
+        );
+        let _ = writeln!(text, "# TYPE idem_input_dropped_rows gauge");
+        for input in inputs {
+            if let Some(dropped) = input.dropped {
+                let _ = writeln!(
+                    text,
+                    r#"idem_input_dropped_rows{{{labels},file="{}"}} {dropped}"#,
+                    label(&input.path)
+                );
+            }
+        }
+    }
     text
 }
 
-/// Replaces `path` with `text` atomically.
+/// Replaces `path` with `text` atomically (the collector reads only `*.prom`, so the hidden
+/// temporary is never read).
 ///
 /// # Errors
 /// The directory cannot be written.
 pub fn write_metrics(path: &Path, text: &str) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
-        Error::InvalidArgument(format!("--metrics '{}' has no file name", path.display()))
-    })?;
-    // The textfile collector reads only `*.prom`: a hidden temporary is never half-read.
-    let temporary = path.with_file_name(format!(".{name}.idem-tmp-{}", std::process::id()));
-    std::fs::write(&temporary, text).map_err(Error::io(&temporary))?;
-    std::fs::rename(&temporary, path).map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
-        Error::io(path)(e)
-    })
+    crate::output::replace_file(path, text, "--metrics")
 }
 
 #[cfg(test)]

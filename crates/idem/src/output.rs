@@ -399,3 +399,21 @@ impl Drop for OutputWriter {
         }
     }
 }
+
+/// Replaces the local file `path` with `contents` atomically: written to a hidden
+/// temporary beside it, then renamed, so that a reader (node_exporter's textfile collector,
+/// a browser) never sees half of it. `option` names the flag that gave the path.
+///
+/// # Errors
+/// A path without a file name, or a directory that cannot be written.
+pub(crate) fn replace_file(path: &Path, contents: &str, option: &str) -> Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        Error::InvalidArgument(format!("{option} '{}' has no file name", path.display()))
+    })?;
+    let temporary = path.with_file_name(format!(".{name}.idem-tmp-{}", std::process::id()));
+    std::fs::write(&temporary, contents).map_err(Error::io(&temporary))?;
+    std::fs::rename(&temporary, path).map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        Error::io(path)(e)
+    })
+}

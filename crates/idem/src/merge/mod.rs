@@ -231,7 +231,7 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
             key: job.spec.keys.clone(),
             version: job.spec.versions.clone(),
             input_files: files.len(),
-            inputs: files.iter().map(file_rows).collect(),
+            inputs: files.iter().map(|f| FileRows::new(f, None)).collect(),
             elapsed_seconds: started.elapsed().as_secs_f64(),
             ..MergeReport::default()
         });
@@ -314,7 +314,7 @@ fn read_batch(
     let winners =
         KeyedRows::try_new(rows, &spec.keys, &spec.versions).map_err(Error::arrow(&where_))?;
     let fingerprint = fingerprint(&run.files, &job.spec)?;
-    let inputs = run.files.iter().map(file_rows).collect();
+    let inputs = run.file_rows();
     Ok((
         Batch {
             winners,
@@ -401,13 +401,6 @@ fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
     ));
     let digest = twox_hash::XxHash3_128::oneshot(parts.join("\u{1e}").as_bytes());
     Ok(format!("{digest:032x}"))
-}
-
-fn file_rows(file: &InputFile) -> FileRows {
-    FileRows {
-        path: file.path().display().to_string(),
-        rows: file.num_rows(),
-    }
 }
 
 /// The application id of a batch's `txn` action.
