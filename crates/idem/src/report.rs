@@ -20,6 +20,8 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, TimeUnit, TimestampSecondType};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use idem_core::RowHasher;
 
 use crate::dedup::{DedupJob, DedupReport};
@@ -98,10 +100,12 @@ fn key_hashes(batch: &RecordBatch, keys: &[String], path: &Path) -> Result<Vec<O
 }
 
 fn observe(files: &[InputFile], keys: &[String], options: &ReportOptions) -> Result<Observed> {
-    let mut seen: HashMap<u64, u32> = HashMap::new();
+    // Key hashes are XXH3 already: the table uses them as they are, no second hash.
+    let mut seen: HashTable<(u64, u32)> = HashTable::new();
     let mut times: HashMap<i64, Bucket> = HashMap::new();
     let mut step = STEPS[0];
     let mut untimed = Bucket::default();
+    let (mut current, mut run): (Option<i64>, Bucket) = (None, Bucket::default());
     for file in files {
         let mut columns: Vec<&str> = keys.iter().map(String::as_str).collect();
         if let Some(time) = &options.time_column {
@@ -124,19 +128,35 @@ fn observe(files: &[InputFile], keys: &[String], options: &ReportOptions) -> Res
                 .enumerate()
             {
                 let Some(hash) = hash else { continue };
-                let count = seen.entry(hash).or_insert(0);
-                let copy = *count > 0;
-                *count = count.saturating_add(1);
-                let bucket = match &seconds {
-                    Some(s) if s.is_valid(row) => {
-                        let second = s.value(row);
-                        times.entry(second - second.rem_euclid(step)).or_default()
+                let copy = match seen.entry(hash, |&(h, _)| h == hash, |&(h, _)| h) {
+                    Entry::Occupied(mut seen_before) => {
+                        let count = &mut seen_before.get_mut().1;
+                        *count = count.saturating_add(1);
+                        true
                     }
-                    _ => &mut untimed,
+                    Entry::Vacant(new) => {
+                        new.insert((hash, 1));
+                        false
+                    }
                 };
-                bucket.rows += 1;
-                bucket.copies += u64::from(copy);
+                let start = match &seconds {
+                    Some(s) if s.is_valid(row) => {
+                        Some(s.value(row) - s.value(row).rem_euclid(step))
+                    }
+                    _ => None,
+                };
+                // Event times cluster: rows are added up per run of one bucket, and the
+                // map is touched once per run rather than once per row.
+                if start != current {
+                    add_to(&mut times, &mut untimed, current, run);
+                    current = start;
+                    run = Bucket::default();
+                }
+                run.rows += 1;
+                run.copies += u64::from(copy);
             }
+            add_to(&mut times, &mut untimed, current, run);
+            run = Bucket::default();
             if times.len() > MAX_HELD_BUCKETS
                 && let Some(&wider) = STEPS.iter().find(|&&s| s > step)
             {
@@ -147,7 +167,7 @@ fn observe(files: &[InputFile], keys: &[String], options: &ReportOptions) -> Res
     }
     // The most-delivered keys: a bounded min-heap over the counts.
     let mut heap: BinaryHeap<std::cmp::Reverse<(u32, u64)>> = BinaryHeap::new();
-    for (&hash, &count) in &seen {
+    for &(hash, count) in &seen {
         if count < 2 {
             continue;
         }
@@ -164,6 +184,16 @@ fn observe(files: &[InputFile], keys: &[String], options: &ReportOptions) -> Res
         untimed,
         top,
     })
+}
+
+/// Adds a run of rows to its bucket (`None`: rows without a time).
+fn add_to(times: &mut HashMap<i64, Bucket>, untimed: &mut Bucket, start: Option<i64>, run: Bucket) {
+    let bucket = match start {
+        Some(start) => times.entry(start).or_default(),
+        None => untimed,
+    };
+    bucket.rows += run.rows;
+    bucket.copies += run.copies;
 }
 
 /// The same counts in buckets `step` seconds wide.
