@@ -403,6 +403,13 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         memory_limit: args.memory_limit,
         storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
     };
+    let report_options = idem::ReportOptions {
+        time_column: args.time_column.clone(),
+        top_keys: args.report_top_keys,
+    };
+    if args.report.is_some() {
+        idem::check_report(&job, &report_options).map_err(|e| error_chain(&e))?;
+    }
     let bar = Bar::new(args.quiet);
     let result = idem::run_dedup(&job, &bar);
     bar.0.finish_and_clear();
@@ -415,11 +422,7 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
             .map_err(|e| error_chain(&e))?;
     }
     if let Some(path) = &args.report {
-        let options = idem::ReportOptions {
-            time_column: args.time_column.clone(),
-            top_keys: args.report_top_keys,
-        };
-        idem::write_report(path, &job, &report, &options).map_err(|e| error_chain(&e))?;
+        idem::write_report(path, &job, &report, &report_options).map_err(|e| error_chain(&e))?;
     }
     if !args.quiet {
         eprintln!("{}", summary(&report));

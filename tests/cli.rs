@@ -1351,14 +1351,22 @@ fn html_report_shows_the_run_and_renders_in_a_browser() {
     assert!(html.contains(r#"<table id="top-keys">"#) && html.contains("event_id="));
     assert!(!html.contains("<script"), "self-contained and static");
 
-    // A missing time column is named.
-    let bad = idem()
-        .args(["dedup", &sample(), "-o", p(&out), "-q"])
-        .args(["--report", p(&page), "--time-column", "nope"])
-        .output()
-        .expect("run");
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("nope"));
+    // A missing time column, or one that is not a time, is named before anything runs.
+    let never = dir.path().join("never.parquet");
+    for (column, named) in [("nope", "nope"), ("lsn", "Int64")] {
+        let bad = idem()
+            .args(["dedup", &sample(), "-o", p(&never), "-q"])
+            .args(["--report", p(&page), "--time-column", column])
+            .output()
+            .expect("run");
+        assert_eq!(bad.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(
+            stderr.contains(column) && stderr.contains(named),
+            "{stderr}"
+        );
+        assert!(!never.exists());
+    }
 
     let Some(chromium) = std::env::var_os("IDEM_TEST_CHROMIUM") else {
         assert!(

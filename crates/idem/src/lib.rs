@@ -49,7 +49,7 @@ pub use merge::{
     parse_duration, run_merge, run_vacuum,
 };
 pub use output::OutputWriter;
-pub use report::{ReportOptions, write_report};
+pub use report::{ReportOptions, check_report, write_report};
 #[cfg(feature = "sql")]
 pub use sql::{SqlOutput, format_table, run_sql, session};
 pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};

@@ -62,6 +62,47 @@ struct Observed {
     top: Vec<(u32, u64)>,
 }
 
+/// Checks, before a dedup runs, that its report can be made: every input has the time
+/// column, as a timestamp or date. A typo should not cost a whole run.
+///
+/// # Errors
+/// An input without the column, or with it in another type, named with the file.
+pub fn check_report(job: &DedupJob, options: &ReportOptions) -> Result<()> {
+    let Some(column) = &options.time_column else {
+        return Ok(());
+    };
+    for source in expand_inputs(&job.inputs, &job.storage)? {
+        let file = InputFile::open(&source)?;
+        let field =
+            file.schema()
+                .field_with_name(column)
+                .map_err(|_| Error::MissingRequiredColumn {
+                    path: file.path().to_path_buf(),
+                    column: column.clone(),
+                })?;
+        if !is_temporal(field.data_type()) {
+            return Err(time_type_error(file.path(), column, field.data_type()));
+        }
+    }
+    Ok(())
+}
+
+fn is_temporal(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64
+    )
+}
+
+fn time_type_error(path: &Path, column: &str, found: &DataType) -> Error {
+    Error::SchemaMismatch {
+        path: path.to_path_buf(),
+        column: column.to_owned(),
+        expected: "a timestamp or date (--time-column)".to_owned(),
+        found: found.to_string(),
+    }
+}
+
 /// Writes the report of a finished dedup run to `path` (replaced atomically).
 ///
 /// # Errors
@@ -219,17 +260,8 @@ fn event_seconds(
             path: path.to_path_buf(),
             column: column.to_owned(),
         })?;
-    let temporal = matches!(
-        values.data_type(),
-        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64
-    );
-    if !temporal {
-        return Err(Error::SchemaMismatch {
-            path: path.to_path_buf(),
-            column: column.to_owned(),
-            expected: "a timestamp or date (--time-column)".to_owned(),
-            found: values.data_type().to_string(),
-        });
+    if !is_temporal(values.data_type()) {
+        return Err(time_type_error(path, column, values.data_type()));
     }
     let seconds =
         cast(values, &DataType::Timestamp(TimeUnit::Second, None)).map_err(Error::arrow(path))?;
