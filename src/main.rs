@@ -73,6 +73,10 @@ struct SqlArgs {
     /// e.g. --storage-option aws_region=eu-west-1.
     #[arg(long = "storage-option", value_name = "KEY=VALUE")]
     storage_options: Vec<String>,
+    /// Write what the query's dedup operators counted (rows in and out, duplicates,
+    /// superseded, …) in Prometheus text format to PATH (replaced atomically).
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<PathBuf>,
 }
 
 /// Key, version and policies, shared by the commands that dedup.
@@ -539,7 +543,7 @@ fn vacuum(args: VacuumArgs) -> Result<ExitCode, String> {
 #[cfg(feature = "sql")]
 fn sql(args: SqlArgs) -> Result<(), String> {
     let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
-    let output = idem::run_sql(
+    let run = idem::run_sql(
         &args.query,
         args.output.as_deref(),
         args.max_rows_per_file,
@@ -547,7 +551,11 @@ fn sql(args: SqlArgs) -> Result<(), String> {
         &storage,
     )
     .map_err(|e| error_chain(&e))?;
-    match output {
+    if let Some(path) = &args.metrics {
+        let text = idem::metrics::sql_metrics(&run, args.output.as_deref().unwrap_or_default());
+        idem::metrics::write_metrics(path, &text).map_err(|e| error_chain(&e))?;
+    }
+    match run.output {
         idem::SqlOutput::Rows(batches) => {
             print_stdout(&idem::format_table(&batches).map_err(|e| error_chain(&e))?)
         }

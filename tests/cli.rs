@@ -817,8 +817,9 @@ fn sql_runs_the_dedup_table_function_and_agrees_with_dedup() {
         "SELECT * FROM dedup('{}', 'event_id,sequence', 'lsn', 'op=op')",
         sample()
     );
+    let prom = dir.path().join("sql.prom");
     let output = idem()
-        .args(["sql", &query, "-o", p(&sql_out)])
+        .args(["sql", &query, "-o", p(&sql_out), "--metrics", p(&prom)])
         .output()
         .expect("run");
     assert!(
@@ -826,6 +827,21 @@ fn sql_runs_the_dedup_table_function_and_agrees_with_dedup() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // The dedup operator's counters, as metrics, are the dedup's stats.
+    let metrics = std::fs::read_to_string(&prom).expect("metrics");
+    let metric = |name: &str| -> u64 {
+        let prefix = format!(r#"idem_{name}{{command="sql",output="{}"}} "#, p(&sql_out));
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{prefix} in {metrics}"))
+            .parse()
+            .expect("a count")
+    };
+    for name in ["rows_in", "rows_out", "duplicates", "superseded", "deleted"] {
+        assert_eq!(metric(name), stats[name].as_u64().expect("n"), "{name}");
+    }
+    assert!(metric("dedup_operators") >= 1);
     let sorted_rows = |batch: &RecordBatch| {
         let columns: Vec<Vec<String>> = batch
             .schema()

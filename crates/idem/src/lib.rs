@@ -51,5 +51,5 @@ pub use merge::{
 pub use output::OutputWriter;
 pub use report::{ReportOptions, check_report, write_report};
 #[cfg(feature = "sql")]
-pub use sql::{SqlOutput, format_table, run_sql, session};
+pub use sql::{SqlOutput, SqlRun, format_table, run_sql, session};
 pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};

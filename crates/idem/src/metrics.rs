@@ -270,6 +270,48 @@ pub fn verify_metrics(report: &crate::VerifyReport, target: &str) -> String {
     render(&labels, &series, report.elapsed_seconds, &[])
 }
 
+/// What an `idem sql` statement's dedup operators counted, as Prometheus text, labelled
+/// `command="sql"` and the output (empty when printed).
+#[cfg(feature = "sql")]
+pub fn sql_metrics(run: &crate::SqlRun, output: &str) -> String {
+    let labels = format!(r#"command="sql",output="{}""#, label(output));
+    let count = |name: &str| run.dedup.get(name).copied().unwrap_or(0);
+    let rows_in = count("rows_in");
+    let rate = if rows_in == 0 {
+        0.0
+    } else {
+        (count("duplicates") + count("superseded")) as f64 / rows_in as f64
+    };
+    let helps: Vec<(String, String, f64)> = run
+        .dedup
+        .iter()
+        .map(|(name, &value)| {
+            (
+                name.clone(),
+                format!("{name}, summed over the query's dedup operators."),
+                value as f64,
+            )
+        })
+        .chain([
+            (
+                "duplicate_rate".to_owned(),
+                "(duplicates + superseded) / rows_in of the query's dedup operators.".to_owned(),
+                rate,
+            ),
+            (
+                "dedup_operators".to_owned(),
+                "Dedup operators in the query's plan.".to_owned(),
+                run.dedup_operators as f64,
+            ),
+        ])
+        .collect();
+    let series: Vec<(&str, &str, f64)> = helps
+        .iter()
+        .map(|(name, help, value)| (name.as_str(), help.as_str(), *value))
+        .collect();
+    render(&labels, &series, run.elapsed_seconds, &[])
+}
+
 /// One gauge per series, the run's wall time and end, then the rows of each input file.
 fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[FileRows]) -> String {
     let mut text = String::new();

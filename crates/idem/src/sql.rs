@@ -1,5 +1,6 @@
 //! `idem sql`: one SQL statement in a DataFusion session with idem's functions registered.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -7,6 +8,8 @@ use arrow::array::RecordBatch;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::metrics::MetricValue;
+use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use object_store::ObjectStore;
@@ -89,6 +92,22 @@ pub fn session(memory_limit: Option<u64>, storage: &StorageOptions) -> Result<Se
     Ok(ctx)
 }
 
+/// A statement's result and what its dedup operators counted.
+#[derive(Debug)]
+pub struct SqlRun {
+    /// The rows, or where they were written.
+    pub output: SqlOutput,
+    /// Counters of the plan's dedup operators (`DedupExec`, `LateDedupExec`), summed over
+    /// operators and partitions: `rows_in`, `rows_out`, `duplicates`, `superseded`,
+    /// `deleted`, `conflicts`, `null_keys`, spills, `key_partitions`. Empty when the query
+    /// deduplicates nothing.
+    pub dedup: BTreeMap<String, u64>,
+    /// Dedup operators in the plan.
+    pub dedup_operators: usize,
+    /// Wall time of planning and execution.
+    pub elapsed_seconds: f64,
+}
+
 /// Runs `query`; with `output` (a path or URL), streams its result into Parquet there
 /// (atomically, as `idem dedup` writes), otherwise returns the rows.
 ///
@@ -100,18 +119,20 @@ pub fn run_sql(
     max_rows_per_file: usize,
     memory_limit: Option<u64>,
     storage: &StorageOptions,
-) -> Result<SqlOutput> {
+) -> Result<SqlRun> {
+    let started = std::time::Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Error::io("tokio runtime"))?;
-    runtime.block_on(async {
+    let (output, plan) = runtime.block_on(async {
         let ctx = session(memory_limit, storage)?;
-        let frame = ctx.sql(query).await?;
-        match output {
-            None => Ok(SqlOutput::Rows(frame.collect().await?)),
+        let plan = ctx.sql(query).await?.create_physical_plan().await?;
+        let task = ctx.task_ctx();
+        let output = match output {
+            None => SqlOutput::Rows(collect(Arc::clone(&plan), task).await?),
             Some(path) => {
-                let mut stream = frame.execute_stream().await?;
+                let mut stream = execute_stream(Arc::clone(&plan), task)?;
                 let schema = Arc::clone(&stream.schema());
                 let mut writer = OutputWriter::create(path, schema, max_rows_per_file, storage)?;
                 let mut rows = 0u64;
@@ -120,13 +141,53 @@ pub fn run_sql(
                     rows += batch.num_rows() as u64;
                     writer.write(&batch)?;
                 }
-                Ok(SqlOutput::Written {
+                SqlOutput::Written {
                     files: writer.commit()?,
                     rows,
-                })
+                }
+            }
+        };
+        Ok::<_, Error>((output, plan))
+    })?;
+    let (dedup, dedup_operators) = dedup_counters(&plan);
+    Ok(SqlRun {
+        output,
+        dedup,
+        dedup_operators,
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The counters of every dedup operator in an executed plan, summed by name.
+fn dedup_counters(plan: &Arc<dyn ExecutionPlan>) -> (BTreeMap<String, u64>, usize) {
+    let mut counters = BTreeMap::new();
+    let mut operators = 0;
+    let mut pending = vec![Arc::clone(plan)];
+    while let Some(node) = pending.pop() {
+        if matches!(node.name(), "DedupExec" | "LateDedupExec") {
+            operators += 1;
+            for metric in node
+                .metrics()
+                .unwrap_or_default()
+                .aggregate_by_name()
+                .iter()
+            {
+                let value = metric.value();
+                if matches!(
+                    value,
+                    MetricValue::Count { .. } | MetricValue::OutputRows(_)
+                ) {
+                    let name = match value.name() {
+                        "output_rows" => "rows_out",
+                        other => other,
+                    };
+                    *counters.entry(name.to_owned()).or_insert(0) += value.as_usize() as u64;
+                }
             }
         }
-    })
+        pending.extend(node.children().into_iter().cloned());
+    }
+    (counters, operators)
 }
 
 /// Rows as a text table, as `datafusion-cli` prints them.
