@@ -204,10 +204,33 @@ struct DedupArgs {
     /// delivered most often. Costs one more read of the key (and time) columns.
     #[arg(long, value_name = "PATH.html")]
     report: Option<PathBuf>,
-    /// The event-time column (timestamp or date) the report charts the duplicate rate
-    /// over, per second, minute, hour or day (the finest that fits the span in 240 bars).
-    #[arg(long, value_name = "COLUMN", requires = "report")]
+    /// The event-time column (timestamp or date): what --state expires keys by, and what
+    /// --report charts the duplicate rate over, per second, minute, hour or day (the
+    /// finest that fits the span in 240 bars).
+    #[arg(long, value_name = "COLUMN")]
     time_column: Option<String>,
+    /// Dedup across runs: a directory or URL prefix holding the keys earlier runs emitted
+    /// (key hash, version, event time; Parquet, committed after the output). Rows whose key
+    /// was emitted before at an equal or newer version are dropped. Needs --time-column and
+    /// --retention.
+    #[arg(long, value_name = "DIR|URL", requires_all = ["time_column", "retention"])]
+    state: Option<String>,
+    /// How long (in event time, behind the newest event seen) the state remembers a key,
+    /// e.g. 7d, 36h: at least the longest delay after which a replay still arrives.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "state")]
+    retention: Option<std::time::Duration>,
+    /// Extra time on top of --retention before keys expire and rows count as late.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration, requires = "state")]
+    safety_buffer: std::time::Duration,
+    /// Rows older than the state's watermark (newest event time − retention − safety
+    /// buffer), whose key may have expired: drop them, emit them, or fail the run.
+    #[arg(
+        long,
+        value_name = "drop|emit|error",
+        default_value = "drop",
+        requires = "state"
+    )]
+    late: idem::LatePolicy,
     /// How many of the most-delivered keys the report lists.
     #[arg(long, value_name = "N", default_value_t = 20, requires = "report")]
     report_top_keys: usize,
@@ -277,7 +300,6 @@ struct VacuumArgs {
     storage_options: Vec<String>,
 }
 
-#[cfg(feature = "delta")]
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     idem::parse_duration(text).map_err(|e| e.to_string())
 }
@@ -365,6 +387,22 @@ fn thousands(n: u64) -> String {
 }
 
 fn summary(report: &DedupReport) -> String {
+    if let Some(state) = report.state.as_ref().filter(|s| s.already_applied) {
+        return format!(
+            "idem: these inputs were already applied to state {} (version {}): nothing to do",
+            state.location, state.version
+        );
+    }
+    let state = report.state.as_ref().map_or_else(String::new, |s| {
+        format!(
+            "; state: {} seen before, {} late, {} evicted then seen, {} keys ({} bytes)",
+            thousands(s.seen_before),
+            thousands(s.late),
+            thousands(s.evicted_then_seen),
+            thousands(s.keys),
+            thousands(s.bytes)
+        )
+    });
     format!(
         "idem: {} rows in → {} out ({} duplicates, {} superseded, {} deleted, {} conflicts) from {} files in {:.2} s → {}",
         thousands(report.stats.rows_in),
@@ -376,7 +414,7 @@ fn summary(report: &DedupReport) -> String {
         report.input_files,
         report.elapsed_seconds,
         report.output
-    )
+    ) + &state
 }
 
 /// Writes to stdout; a closed pipe (`idem … --stats - | head`) is not an error.
@@ -406,6 +444,16 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         max_rows_per_file: args.max_rows_per_file,
         memory_limit: args.memory_limit,
         storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+        state: match (&args.state, &args.time_column, args.retention) {
+            (Some(location), Some(time_column), Some(retention)) => Some(idem::StateOptions {
+                location: location.clone(),
+                time_column: time_column.clone(),
+                retention,
+                safety_buffer: args.safety_buffer,
+                late: args.late,
+            }),
+            _ => None,
+        },
     };
     let report_options = idem::ReportOptions {
         time_column: args.time_column.clone(),
@@ -413,6 +461,8 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
     };
     if args.report.is_some() {
         idem::check_report(&job, &report_options).map_err(|e| error_chain(&e))?;
+    } else if args.time_column.is_some() && job.state.is_none() {
+        return Err("--time-column is for --report or --state".to_owned());
     }
     let bar = Bar::new(args.quiet);
     let result = idem::run_dedup(&job, &bar);

@@ -125,7 +125,10 @@ fn generate(dir: &Path, args: &[&str]) -> PathBuf {
 }
 
 fn sample() -> String {
-    format!("{}/data/events", env!("CARGO_MANIFEST_DIR"))
+    // Read at run time: a test binary built from another checkout may be reused.
+    let manifest_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    format!("{manifest_dir}/data/events")
 }
 
 #[test]

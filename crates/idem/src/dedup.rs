@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs};
 use crate::output::OutputWriter;
 use crate::schema::{conform, unify};
+use crate::state::{self, Prepared, StateFilter, StateOptions, StateReport};
 use crate::storage::StorageOptions;
 
 /// Default rows per part file of a directory output.
@@ -50,6 +51,8 @@ pub struct DedupJob {
     pub memory_limit: Option<u64>,
     /// Configuration of object stores, over what the environment gives.
     pub storage: StorageOptions,
+    /// Dedup across runs (`--state`): only keys not emitted by earlier runs leave this one.
+    pub state: Option<StateOptions>,
 }
 
 impl DedupJob {
@@ -62,6 +65,7 @@ impl DedupJob {
             max_rows_per_file: DEFAULT_MAX_ROWS_PER_FILE,
             memory_limit: None,
             storage: StorageOptions::default(),
+            state: None,
         }
     }
 }
@@ -144,6 +148,10 @@ pub struct DedupReport {
     pub write_seconds: f64,
     /// Wall time of the whole job.
     pub elapsed_seconds: f64,
+    /// What the state across runs did (`--state`). With it, `rows_out` counts the rows
+    /// written and `state.dropped()` the winners it held back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateReport>,
 }
 
 impl DedupReport {
@@ -165,6 +173,7 @@ impl DedupReport {
             decide_seconds: 0.0,
             write_seconds: 0.0,
             elapsed_seconds: 0.0,
+            state: None,
         }
     }
 }
@@ -216,7 +225,51 @@ fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
 /// `--on-tie error`, or a failure to write the output.
 pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport> {
     let started = Instant::now();
-    let (writer, run) = dedup_rows(
+    let Some(state_options) = &job.state else {
+        return write_dedup(job, progress, started, None);
+    };
+    // The state decides about deletes too: a delete of a key emitted earlier is emitted.
+    let mut job = job.clone();
+    if let Some(deletes) = job.spec.options.deletes.as_mut() {
+        deletes.keep_tombstones = true;
+    }
+    match state::prepare(&job.inputs, &job.storage, &job.spec, state_options)? {
+        Prepared::AlreadyApplied(state) => {
+            let files: Vec<InputFile> = expand_inputs(&job.inputs, &job.storage)?
+                .iter()
+                .map(InputFile::open)
+                .collect::<Result<_>>()?;
+            let mut report = DedupReport::new(
+                &job,
+                &DedupRun {
+                    schema: std::sync::Arc::new(arrow::datatypes::Schema::empty()),
+                    stats: DedupStats::default(),
+                    kept_per_file: Vec::new(),
+                    key_partitions: 0,
+                    table_bytes: 0,
+                    decide_seconds: 0.0,
+                    fetch_started: Instant::now(),
+                    files: Vec::new(),
+                },
+            );
+            report.input_files = files.len();
+            report.inputs = files.iter().map(|f| FileRows::new(f, None)).collect();
+            report.state = Some(*state);
+            report.elapsed_seconds = started.elapsed().as_secs_f64();
+            Ok(report)
+        }
+        Prepared::Ready(filter) => write_dedup(&job, progress, started, Some(*filter)),
+    }
+}
+
+/// The two passes, the output and, with a state, the state's commit after the output's.
+fn write_dedup(
+    job: &DedupJob,
+    progress: &dyn Progress,
+    started: Instant,
+    mut state: Option<StateFilter>,
+) -> Result<DedupReport> {
+    let (writer, mut run) = dedup_rows_filtered(
         job,
         progress,
         |schema| {
@@ -227,10 +280,24 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
                 &job.storage,
             )
         },
+        |kept, path| match state.as_mut() {
+            Some(state) => state.apply(kept, path),
+            None => Ok(kept),
+        },
         |writer, kept| writer.write(&kept),
     )?;
+    let staged = state.map(StateFilter::stage).transpose()?;
     let output_files = writer.commit()?;
+    let state_report = staged.map(|s| s.commit(&job.output)).transpose()?;
+    if let Some(state) = &state_report {
+        // The run's counts describe what was written; the state says what it held back.
+        let stats = &mut run.stats;
+        stats.rows_out = run.kept_per_file.iter().sum();
+        stats.tombstones_kept = state.deletes_emitted;
+        stats.deleted += state.deletes_recorded;
+    }
     let mut report = DedupReport::new(job, &run);
+    report.state = state_report;
     report.key_partitions = run.key_partitions;
     report.output_files = output_files
         .iter()
@@ -280,6 +347,19 @@ pub(crate) fn dedup_rows<S>(
     job: &DedupJob,
     progress: &dyn Progress,
     open: impl FnOnce(&SchemaRef) -> Result<S>,
+    sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
+) -> Result<(S, DedupRun)> {
+    dedup_rows_filtered(job, progress, open, |batch, _| Ok(batch), sink)
+}
+
+/// [`dedup_rows`] with a last say over the winners: `filter` gets every batch of them (with
+/// the file they come from) and returns the rows that go to `sink`, and to `kept` in the
+/// per-file counts.
+pub(crate) fn dedup_rows_filtered<S>(
+    job: &DedupJob,
+    progress: &dyn Progress,
+    open: impl FnOnce(&SchemaRef) -> Result<S>,
+    mut filter: impl FnMut(RecordBatch, &Path) -> Result<RecordBatch>,
     mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
     let (files, schema) = open_inputs(job)?;
@@ -305,7 +385,7 @@ pub(crate) fn dedup_rows<S>(
     // Decoding and selecting run on a second thread while this one encodes and compresses.
     let selection = &mut decision.selection;
     let mut kept_per_file = vec![0u64; files.len()];
-    let kept_counts = &mut kept_per_file;
+    let files_read = &files;
     pipeline(
         |send| {
             let mut start = 0u64;
@@ -319,17 +399,20 @@ pub(crate) fn dedup_rows<S>(
                     }
                 };
                 start = end;
-                kept_counts[index] = plan.keep.iter().filter(|&&k| k).count() as u64;
-                if !plan.rows.is_empty() && !fetch_planned(file, &plan, &schema, send) {
+                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, &schema, send) {
                     return;
                 }
             }
         },
         |fetched| {
             match fetched {
-                Fetched::Kept(kept) => {
+                Fetched::Kept(index, kept) => {
                     let rows = kept.num_rows() as u64;
-                    sink(&mut output, kept)?;
+                    let kept = filter(kept, files_read[index].path())?;
+                    kept_per_file[index] += kept.num_rows() as u64;
+                    if kept.num_rows() > 0 {
+                        sink(&mut output, kept)?;
+                    }
                     progress.advance(rows);
                 }
                 Fetched::Tied(path, tied, groups) => {
@@ -379,8 +462,8 @@ pub(crate) fn pipeline<T: Send>(
 
 /// What pass 2's reader hands to its writer.
 enum Fetched<'a> {
-    /// Rows to write.
-    Kept(RecordBatch),
+    /// Rows to write, from the file at this index.
+    Kept(usize, RecordBatch),
     /// Tie rows of a file, with their groups, to compare.
     Tied(&'a Path, RecordBatch, Vec<u32>),
 }
@@ -388,6 +471,7 @@ enum Fetched<'a> {
 /// Reads the planned rows of one file and sends them on as kept and tied batches. Returns
 /// false when the consumer has stopped.
 fn fetch_planned<'a>(
+    index: usize,
     file: &'a InputFile,
     plan: &FilePlan,
     schema: &SchemaRef,
@@ -414,7 +498,7 @@ fn fetch_planned<'a>(
         cursor += n;
         if keep.true_count() > 0 {
             let kept = filter_record_batch(&batch, &keep).map_err(Error::arrow(file.path()));
-            if !send(kept.map(Fetched::Kept)) {
+            if !send(kept.map(|kept| Fetched::Kept(index, kept))) {
                 return false;
             }
         }

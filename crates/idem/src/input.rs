@@ -17,6 +17,8 @@ use parquet::arrow::arrow_reader::{
 use parquet::file::metadata::PageIndexPolicy;
 use parquet::file::reader::ChunkReader;
 
+use idem_core::DedupSpec;
+
 use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteFile, StorageOptions};
 
@@ -544,6 +546,45 @@ fn select_rows(
         let indices = arrow::array::UInt64Array::from(local);
         Some(arrow::compute::take_record_batch(&batch, &indices).map_err(Error::arrow(&path)))
     })
+}
+
+/// A batch's identity: its files (name, size, ETag or modification time, rows) and the
+/// policy that decides its rows. The same files merged again have the same fingerprint.
+pub(crate) fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
+    let mut parts: Vec<String> = Vec::with_capacity(files.len() + 1);
+    for file in files {
+        let identity = match file.source().stored() {
+            StoredFile::Local(path) => {
+                let meta = std::fs::metadata(path).map_err(Error::io(path))?;
+                let modified = meta
+                    .modified()
+                    .ok()
+                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                let path = std::path::absolute(path).map_err(Error::io(path))?;
+                format!("{}\u{1f}{}\u{1f}{modified}", path.display(), meta.len())
+            }
+            StoredFile::Remote(remote) => format!(
+                "{}\u{1f}{}\u{1f}{}",
+                remote.display_path().display(),
+                remote.size(),
+                remote.version()
+            ),
+        };
+        parts.push(format!("{identity}\u{1f}{}", file.num_rows()));
+    }
+    parts.sort();
+    let deletes = spec.options.deletes.as_ref().map_or(String::new(), |d| {
+        format!("{}={}", d.op_column, d.delete_values.join(","))
+    });
+    parts.push(format!(
+        "key={}\u{1f}version={}\u{1f}on_tie={}\u{1f}deletes={deletes}",
+        spec.keys.join(","),
+        spec.versions.join(","),
+        spec.options.on_tie
+    ));
+    let digest = twox_hash::XxHash3_128::oneshot(parts.join("\u{1e}").as_bytes());
+    Ok(format!("{digest:032x}"))
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@
 
 mod decide;
 mod dedup;
+mod duration;
 mod error;
 pub mod generate;
 pub mod input;
@@ -34,22 +35,25 @@ mod report;
 pub mod schema;
 #[cfg(feature = "sql")]
 mod sql;
+mod state;
 pub mod storage;
 mod verify;
 
 pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
 };
+pub use duration::parse_duration;
 pub use error::{Error, Result};
 pub use generate::{GenerateOptions, generate, generate_to};
 pub use idem_core;
 #[cfg(feature = "delta")]
 pub use merge::{
     DEFAULT_ROWS_PER_TABLE_FILE, DEFAULT_TOMBSTONE_RETENTION, MergeJob, MergeReport, VacuumReport,
-    parse_duration, run_merge, run_vacuum,
+    run_merge, run_vacuum,
 };
 pub use output::OutputWriter;
 pub use report::{ReportOptions, check_report, write_report};
 #[cfg(feature = "sql")]
 pub use sql::{SqlOutput, SqlRun, format_table, run_sql, session};
+pub use state::{LatePolicy, StateOptions, StateReport};
 pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};

@@ -26,7 +26,7 @@ fn label(value: &str) -> String {
 pub fn dedup_metrics(report: &DedupReport) -> String {
     let labels = format!(r#"command="dedup",output="{}""#, label(&report.output));
     let stats = &report.stats;
-    let series: [(&str, &str, f64); 15] = [
+    let mut series: Vec<(&str, &str, f64)> = vec![
         (
             "rows_in",
             "Rows read from the inputs.",
@@ -99,7 +99,58 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
             report.write_seconds,
         ),
     ];
+    if let Some(state) = &report.state {
+        series.extend(state_series(state));
+    }
     render(&labels, &series, report.elapsed_seconds, &report.inputs)
+}
+
+/// The `--state` counts: alert on `idem_state_evicted_then_seen` (the retention is too
+/// short) and on `idem_state_late`, watch `idem_state_bytes` grow to its plateau.
+fn state_series(state: &crate::StateReport) -> [(&'static str, &'static str, f64); 9] {
+    [
+        (
+            "state_new_keys",
+            "Rows emitted whose key the state did not hold.",
+            state.new_keys as f64,
+        ),
+        (
+            "state_updated",
+            "Rows emitted as newer versions or deletes of keys emitted before.",
+            state.updated as f64,
+        ),
+        (
+            "state_seen_before",
+            "Rows dropped because an earlier run emitted their key at an equal or newer version.",
+            state.seen_before as f64,
+        ),
+        (
+            "state_late",
+            "Rows older than the state's watermark whose key it no longer held.",
+            state.late as f64,
+        ),
+        (
+            "state_evicted_then_seen",
+            "Rows whose key had expired from the state and came back (retention too short).",
+            state.evicted_then_seen as f64,
+        ),
+        (
+            "state_expired",
+            "Keys expired from the state by this run's watermark.",
+            state.expired as f64,
+        ),
+        ("state_keys", "Keys in the state.", state.keys as f64),
+        (
+            "state_bytes",
+            "Bytes of the state's key files.",
+            state.bytes as f64,
+        ),
+        (
+            "state_version",
+            "Version of the state's manifest.",
+            state.version as f64,
+        ),
+    ]
 }
 
 /// The report of an `idem merge` run as Prometheus text, labelled `command="merge"` and

@@ -72,19 +72,28 @@ pub fn check_report(job: &DedupJob, options: &ReportOptions) -> Result<()> {
         return Ok(());
     };
     for source in expand_inputs(&job.inputs, &job.storage)? {
-        let file = InputFile::open(&source)?;
-        let field =
-            file.schema()
-                .field_with_name(column)
-                .map_err(|_| Error::MissingRequiredColumn {
-                    path: file.path().to_path_buf(),
-                    column: column.clone(),
-                })?;
-        if !is_temporal(field.data_type()) {
-            return Err(time_type_error(file.path(), column, field.data_type()));
-        }
+        check_time_column(&InputFile::open(&source)?, column)?;
     }
     Ok(())
+}
+
+/// Checks that `file` has the event-time column `column`, as a timestamp or date.
+///
+/// # Errors
+/// The column is missing or of another type, named with the file.
+pub(crate) fn check_time_column(file: &InputFile, column: &str) -> Result<()> {
+    let field =
+        file.schema()
+            .field_with_name(column)
+            .map_err(|_| Error::MissingRequiredColumn {
+                path: file.path().to_path_buf(),
+                column: column.to_owned(),
+            })?;
+    if is_temporal(field.data_type()) {
+        Ok(())
+    } else {
+        Err(time_type_error(file.path(), column, field.data_type()))
+    }
 }
 
 fn is_temporal(data_type: &DataType) -> bool {

@@ -499,6 +499,109 @@ impl RemoteLocation {
     }
 }
 
+/// A directory that idem keeps its own objects in (the dedup state), local or remote,
+/// behind one object-store interface: a local path becomes a `LocalFileSystem` store, whose
+/// writes are also atomic renames and whose create-if-absent is a hard link.
+///
+/// # Errors
+/// A URL that does not parse, a store that cannot be configured, or a local directory that
+/// cannot be created.
+pub(crate) fn managed_directory(
+    location: &str,
+    options: &StorageOptions,
+) -> Result<RemoteLocation> {
+    match Location::parse(location, options)? {
+        Location::Remote(remote) => Ok(remote),
+        Location::Local(dir) => {
+            std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+            let absolute = std::fs::canonicalize(&dir).map_err(Error::io(&dir))?;
+            let path = ObjectPath::from_absolute_path(&absolute)
+                .map_err(|e| Error::InvalidArgument(format!("{}: {e}", absolute.display())))?;
+            Ok(RemoteLocation {
+                store: Arc::new(object_store::local::LocalFileSystem::new()),
+                root: "file://".to_owned(),
+                path,
+            })
+        }
+    }
+}
+
+/// An object found by listing: its name below the listed prefix and its age.
+#[derive(Debug, Clone)]
+pub(crate) struct ListedObject {
+    /// `/`-separated path below the listed location.
+    pub name: String,
+    /// Milliseconds since the epoch of its last modification.
+    pub modified_ms: i64,
+}
+
+impl RemoteLocation {
+    /// The object's bytes, `None` if there is no such object.
+    ///
+    /// # Errors
+    /// The store fails otherwise.
+    pub(crate) fn read_all(&self) -> Result<Option<Bytes>> {
+        let got = run(|| self.url(), async {
+            match self.store.get(&self.path).await {
+                Ok(result) => result.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
+        Ok(got)
+    }
+
+    /// Writes the object whole (readers see the old bytes or the new ones).
+    ///
+    /// # Errors
+    /// The store refuses.
+    pub(crate) fn write_all(&self, bytes: Bytes) -> Result<()> {
+        run(|| self.url(), self.store.put(&self.path, bytes.into())).map(|_| ())
+    }
+
+    /// Writes the object only if none exists: the commit point of a protocol. False when
+    /// another writer was first.
+    ///
+    /// # Errors
+    /// The store refuses for another reason.
+    pub(crate) fn create_new(&self, bytes: Bytes) -> Result<bool> {
+        let options = object_store::PutOptions::from(object_store::PutMode::Create);
+        match run(
+            || self.url(),
+            self.store.put_opts(&self.path, bytes.into(), options),
+        ) {
+            Ok(_) => Ok(true),
+            Err(Error::Storage {
+                source: object_store::Error::AlreadyExists { .. },
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every object below this prefix, sorted by name.
+    ///
+    /// # Errors
+    /// The store cannot be listed.
+    pub(crate) fn list_below(&self) -> Result<Vec<ListedObject>> {
+        let prefix = self.path.as_ref().to_owned();
+        Ok(self
+            .list(&self.path)?
+            .into_iter()
+            .map(|meta| ListedObject {
+                name: meta
+                    .location
+                    .as_ref()
+                    .strip_prefix(&prefix)
+                    .unwrap_or(meta.location.as_ref())
+                    .trim_start_matches('/')
+                    .to_owned(),
+                modified_ms: meta.last_modified.timestamp_millis(),
+            })
+            .collect())
+    }
+}
+
 /// A remote object, read by Parquet's synchronous reader through ranged GETs.
 #[derive(Clone, Debug)]
 pub struct RemoteFile {

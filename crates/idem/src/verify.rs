@@ -182,6 +182,7 @@ pub fn run_verify(job: &VerifyJob, progress: &dyn Progress) -> Result<VerifyRepo
         max_rows_per_file: 1,
         memory_limit: job.memory_limit,
         storage: job.storage.clone(),
+        state: None,
     };
     let mut expected_checksum = 0u128;
     let ((hashers, expected), run) = dedup_rows(

@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 
 use crate::dedup::{DedupJob, FileRows, Progress, dedup_rows};
 use crate::error::{Error, Result};
-use crate::input::{ConstantColumns, InputFile, StoredFile, expand_inputs};
+use crate::input::{ConstantColumns, InputFile, expand_inputs, fingerprint};
 use crate::storage::StorageOptions;
 use find::find_rows;
 use keyed::KeyedRows;
@@ -292,6 +292,7 @@ fn read_batch(
         max_rows_per_file: usize::MAX,
         memory_limit: None,
         storage: job.storage.clone(),
+        state: None,
     };
     let (batches, run) = dedup_rows(
         &dedup,
@@ -362,45 +363,6 @@ fn tombstone_mask(rows: &RecordBatch, spec: &DedupSpec) -> arrow::error::Result<
         }
     }
     Ok(mask)
-}
-
-/// A batch's identity: its files (name, size, ETag or modification time, rows) and the
-/// policy that decides its rows. The same files merged again have the same fingerprint.
-fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<String> {
-    let mut parts: Vec<String> = Vec::with_capacity(files.len() + 1);
-    for file in files {
-        let identity = match file.source().stored() {
-            StoredFile::Local(path) => {
-                let meta = std::fs::metadata(path).map_err(Error::io(path))?;
-                let modified = meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_nanos());
-                let path = std::path::absolute(path).map_err(Error::io(path))?;
-                format!("{}\u{1f}{}\u{1f}{modified}", path.display(), meta.len())
-            }
-            StoredFile::Remote(remote) => format!(
-                "{}\u{1f}{}\u{1f}{}",
-                remote.display_path().display(),
-                remote.size(),
-                remote.version()
-            ),
-        };
-        parts.push(format!("{identity}\u{1f}{}", file.num_rows()));
-    }
-    parts.sort();
-    let deletes = spec.options.deletes.as_ref().map_or(String::new(), |d| {
-        format!("{}={}", d.op_column, d.delete_values.join(","))
-    });
-    parts.push(format!(
-        "key={}\u{1f}version={}\u{1f}on_tie={}\u{1f}deletes={deletes}",
-        spec.keys.join(","),
-        spec.versions.join(","),
-        spec.options.on_tie
-    ));
-    let digest = twox_hash::XxHash3_128::oneshot(parts.join("\u{1e}").as_bytes());
-    Ok(format!("{digest:032x}"))
 }
 
 /// The application id of a batch's `txn` action.
@@ -978,55 +940,9 @@ fn commit_to(
     Ok(finalized.version())
 }
 
-/// Parses a duration: a number and a unit, `s`, `m`, `h`, `d` or `w` (`7d`, `36h`, `0s`).
-///
-/// # Errors
-/// Anything else.
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let seconds = match unit.trim() {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => 0,
-    };
-    match number.parse::<u64>() {
-        Ok(n) if seconds > 0 => Ok(Duration::from_secs(n.saturating_mul(seconds))),
-        _ => Err(Error::InvalidArgument(format!(
-            "bad duration '{text}': use a number and s, m, h, d or w (e.g. 7d)"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse_with_units_and_refuse_the_rest() {
-        assert_eq!(
-            parse_duration("7d").ok(),
-            Some(Duration::from_secs(604_800))
-        );
-        assert_eq!(
-            parse_duration("36h").ok(),
-            Some(Duration::from_secs(129_600))
-        );
-        assert_eq!(parse_duration("0s").ok(), Some(Duration::ZERO));
-        assert_eq!(
-            parse_duration("2w").ok(),
-            Some(Duration::from_secs(1_209_600))
-        );
-        for bad in ["", "7", "d", "7x", "-1d", "1.5h"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn bucket_numbers_come_from_file_names() {
