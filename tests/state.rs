@@ -631,3 +631,120 @@ fn updates_and_deletes_of_emitted_keys_are_emitted_once_and_stale_ones_are_not()
         ]
     );
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let path = entry.expect("entry").path();
+        let target = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
+fn manifest_versions(state: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(state.join("_manifest"))
+        .map(|entries| {
+            entries
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_run_killed_at_any_moment_never_leaves_state_without_its_output() {
+    let days = Days::new(40_000, &[1]);
+    let base = days.dir.path().join("base");
+    let (code, _, stderr) = run_day(
+        &days.input(0),
+        p(&days.output("base", 0)),
+        p(&base),
+        &["--retention", "7d", "-q"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    // The uninterrupted run of day 1, for reference.
+    let reference_state = days.dir.path().join("reference");
+    copy_dir(&base, &reference_state);
+    let reference = days.output("reference", 1);
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = run_day(
+        &days.input(1),
+        p(&reference),
+        p(&reference_state),
+        &["--retention", "7d", "-q"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let full_run = started.elapsed().as_micros() as u64;
+    let expected = std::fs::read(&reference).expect("reference");
+    let before = manifest_versions(&base);
+
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut outcomes = [0u32; 3];
+    for attempt in 0..12 {
+        let state = days.dir.path().join(format!("killed-{attempt}"));
+        copy_dir(&base, &state);
+        let output = days.output("killed", attempt);
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let delay = (seed >> 33) % (full_run + full_run / 4).max(1);
+        let mut child = idem()
+            .args([
+                "dedup",
+                p(&days.input(1)),
+                "-o",
+                p(&output),
+                "--state",
+                p(&state),
+            ])
+            .args(["--time-column", "event_time", "--retention", "7d", "-q"])
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(std::time::Duration::from_micros(delay));
+        let _ = child.kill();
+        let _ = child.wait();
+        let committed = manifest_versions(&state) != before;
+        match (committed, output.exists()) {
+            (true, true) => outcomes[2] += 1,
+            (false, true) => outcomes[1] += 1,
+            (false, false) => outcomes[0] += 1,
+            (true, false) => panic!("attempt {attempt}: state committed without its output"),
+        }
+        if output.exists() {
+            assert_eq!(
+                std::fs::read(&output).expect("output"),
+                expected,
+                "attempt {attempt}"
+            );
+        }
+        // A re-run completes it: the same output, the state recorded once.
+        let (code, stats, stderr) = run_day(
+            &days.input(1),
+            p(&output),
+            p(&state),
+            &["--retention", "7d", "-q"],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(
+            std::fs::read(&output).expect("output"),
+            expected,
+            "attempt {attempt}: {stats}"
+        );
+        assert_eq!(
+            manifest_versions(&state).len(),
+            before.len() + 1,
+            "attempt {attempt}"
+        );
+    }
+    eprintln!(
+        "killed runs: {} before output, {} between output and state, {} after both",
+        outcomes[0], outcomes[1], outcomes[2]
+    );
+}
