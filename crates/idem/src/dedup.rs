@@ -269,6 +269,7 @@ fn write_dedup(
     started: Instant,
     mut state: Option<StateFilter>,
 ) -> Result<DedupReport> {
+    let mut keep_all = KeepAll;
     let (writer, mut run) = dedup_rows_filtered(
         job,
         progress,
@@ -280,9 +281,9 @@ fn write_dedup(
                 &job.storage,
             )
         },
-        |kept, path| match state.as_mut() {
-            Some(state) => state.apply(kept, path),
-            None => Ok(kept),
+        match state.as_mut() {
+            Some(state) => state,
+            None => &mut keep_all,
         },
         |writer, kept| writer.write(&kept),
     )?;
@@ -349,17 +350,36 @@ pub(crate) fn dedup_rows<S>(
     open: impl FnOnce(&SchemaRef) -> Result<S>,
     sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
-    dedup_rows_filtered(job, progress, open, |batch, _| Ok(batch), sink)
+    dedup_rows_filtered(job, progress, open, &mut KeepAll, sink)
 }
 
-/// [`dedup_rows`] with a last say over the winners: `filter` gets every batch of them (with
-/// the file they come from) and returns the rows that go to `sink`, and to `kept` in the
-/// per-file counts.
+/// The last say over a dedup's winners (the state across runs has it).
+pub(crate) trait WinnerFilter {
+    /// Pass 1 is done (its key table freed) and about `rows` winners will come: the time
+    /// to load what the filter needs and make room for them.
+    fn expect(&mut self, _rows: u64) -> Result<()> {
+        Ok(())
+    }
+    /// The rows of `batch`, winners read from the file at `path`, that go on.
+    fn filter(&mut self, batch: RecordBatch, path: &Path) -> Result<RecordBatch>;
+}
+
+/// Every winner goes on.
+struct KeepAll;
+
+impl WinnerFilter for KeepAll {
+    fn filter(&mut self, batch: RecordBatch, _path: &Path) -> Result<RecordBatch> {
+        Ok(batch)
+    }
+}
+
+/// [`dedup_rows`] with a last say over the winners: `filter` gets every batch of them and
+/// returns the rows that go to `sink`, and to `kept` in the per-file counts.
 pub(crate) fn dedup_rows_filtered<S>(
     job: &DedupJob,
     progress: &dyn Progress,
     open: impl FnOnce(&SchemaRef) -> Result<S>,
-    mut filter: impl FnMut(RecordBatch, &Path) -> Result<RecordBatch>,
+    filter: &mut dyn WinnerFilter,
     mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
     let (files, schema) = open_inputs(job)?;
@@ -378,6 +398,7 @@ pub(crate) fn dedup_rows_filtered<S>(
     let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
     let mut output = open(&schema)?;
+    filter.expect(decision.stats.rows_out)?;
     progress.phase(
         "writing",
         decision.stats.rows_out + decision.stats.tombstones_kept,
@@ -408,7 +429,7 @@ pub(crate) fn dedup_rows_filtered<S>(
             match fetched {
                 Fetched::Kept(index, kept) => {
                     let rows = kept.num_rows() as u64;
-                    let kept = filter(kept, files_read[index].path())?;
+                    let kept = filter.filter(kept, files_read[index].path())?;
                     kept_per_file[index] += kept.num_rows() as u64;
                     if kept.num_rows() > 0 {
                         sink(&mut output, kept)?;

@@ -47,6 +47,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
+use crate::dedup::WinnerFilter;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs, fingerprint};
 use crate::report::check_time_column;
@@ -302,15 +303,19 @@ pub(crate) fn prepare(
         (a, b) => a.or(b),
     };
     let watermark_us = max_event_time_us.map(|t| t.saturating_sub(options.horizon_us()));
-    let entries = Entries::load(&dir, &manifest)?;
     Ok(Prepared::Ready(Box::new(StateFilter {
         dir,
         options: options.clone(),
         spec: spec.clone(),
         layouts,
         fingerprint: batch_fingerprint,
+        // Loaded once pass 1 is done (`expect`).
+        entries: Entries {
+            width: manifest.version_width,
+            touched: vec![false; 1 << manifest.partition_bits],
+            ..Entries::default()
+        },
         manifest,
-        entries,
         max_event_time_us,
         watermark_us,
         filters: Vec::new(),
@@ -469,9 +474,11 @@ struct Entries {
 }
 
 impl Entries {
-    fn load(dir: &RemoteLocation, manifest: &Manifest) -> Result<Self> {
+    /// The manifest's entries, with room for `room` more, so that a large run does not
+    /// grow the table (and copy every vector) a dozen times.
+    fn load(dir: &RemoteLocation, manifest: &Manifest, room: usize) -> Result<Self> {
         let keys: u64 = manifest.files.iter().map(|f| f.keys).sum();
-        let capacity = usize::try_from(keys).unwrap_or(0);
+        let capacity = usize::try_from(keys).unwrap_or(0) + room;
         let mut entries = Self {
             width: manifest.version_width,
             hashes: Vec::with_capacity(capacity),
@@ -607,18 +614,27 @@ pub(crate) struct StateFilter {
     scratch: Scratch,
 }
 
-impl StateFilter {
+impl WinnerFilter for StateFilter {
+    /// Loads the entries now rather than before pass 1, so that they and pass 1's key
+    /// table are never in memory together.
+    fn expect(&mut self, rows: u64) -> Result<()> {
+        let room = usize::try_from(rows).unwrap_or(0);
+        self.entries = Entries::load(&self.dir, &self.manifest, room)?;
+        Ok(())
+    }
+
     /// The rows of `batch` (winners of the run, tombstones included) that leave the run.
-    ///
-    /// # Errors
-    /// A late row under `--late error`, a null event time, columns that do not fit the layouts.
-    pub(crate) fn apply(&mut self, batch: RecordBatch, path: &Path) -> Result<RecordBatch> {
+    /// Errors: a late row under `--late error`, a null event time, columns that do not fit
+    /// the layouts.
+    fn filter(&mut self, batch: RecordBatch, path: &Path) -> Result<RecordBatch> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let kept = self.decide(&batch, path, &mut scratch);
         self.scratch = scratch;
         filter_record_batch(&batch, &BooleanArray::from(kept?)).map_err(Error::arrow(path))
     }
+}
 
+impl StateFilter {
     /// Whether each row of `batch` leaves the run.
     fn decide(
         &mut self,
@@ -882,9 +898,11 @@ impl Entries {
             rows.iter().map(|&at| Some(self.deleted[at as usize])),
         )));
         let batch = RecordBatch::try_new(Arc::clone(&schema), columns).map_err(to_arrow)?;
-        // Key hashes are random and do not compress; times and versions do, a little.
+        // Key hashes are random: compressing them costs time and saves nothing. Times and
+        // versions compress a little.
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_column_compression("key_hash".into(), Compression::UNCOMPRESSED)
             .set_dictionary_enabled(false)
             .build();
         let mut out = Vec::new();
