@@ -236,6 +236,19 @@ pub fn plan_dedup(
             input, spec, config,
         )?));
     }
+    plan_shuffled_dedup(input, spec, config)
+}
+
+/// The physical plan of a dedup over `input` as [`PositionExec`], a hash repartition on the
+/// key into the target partitions, and [`DedupExec`], whatever the input.
+///
+/// # Errors
+/// A missing column, or a key / version type idem cannot use.
+pub fn plan_shuffled_dedup(
+    input: Arc<dyn ExecutionPlan>,
+    spec: DedupSpec,
+    config: &ConfigOptions,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let positioned: Arc<dyn ExecutionPlan> = Arc::new(PositionExec::try_new(input)?);
     let keys = key_columns(&spec, &positioned.schema())?;
     let repartitioned = Arc::new(RepartitionExec::try_new(

@@ -72,10 +72,12 @@ use std::sync::Arc;
 
 use datafusion::prelude::SessionContext;
 
-pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup};
+pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup, plan_shuffled_dedup};
 pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use late::{LateDedupExec, is_rescannable_file_scan};
-pub use logical::{Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner};
+pub use logical::{
+    Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner, with_shuffled_dedup_planner,
+};
 pub use provider::{DataFrameDedupExt, DedupTable};
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};
 pub use udaf::{PickBy, max_by_udaf, min_by_udaf};

@@ -28,7 +28,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use idem_core::DedupSpec;
 
-use crate::exec::plan_dedup;
+use crate::exec::{plan_dedup, plan_shuffled_dedup};
 
 /// One row per key of `input`: the row with the maximum version, with idem's semantics.
 /// Its output schema is its input's.
@@ -134,8 +134,21 @@ impl UserDefinedLogicalNodeCore for Dedup {
 
 /// Plans [`Dedup`] nodes with [`plan_dedup`]: [`LateDedupExec`](crate::LateDedupExec) over
 /// file scans, [`DedupExec`](crate::DedupExec) over anything else.
-#[derive(Debug, Default)]
-pub struct DedupPlanner;
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DedupPlanner {
+    shuffled: bool,
+}
+
+impl DedupPlanner {
+    /// A planner that plans every dedup as a hash shuffle on the key followed by
+    /// [`DedupExec`](crate::DedupExec), never [`LateDedupExec`](crate::LateDedupExec):
+    /// the plan a cluster (Ballista) splits into a map stage and a reduce stage whose
+    /// tasks each read their share once, where a late dedup would make every task
+    /// rescan the whole source.
+    pub fn shuffled() -> Self {
+        Self { shuffled: true }
+    }
+}
 
 #[async_trait]
 impl ExtensionPlanner for DedupPlanner {
@@ -154,6 +167,14 @@ impl ExtensionPlanner for DedupPlanner {
         let [input] = physical_inputs else {
             return internal_err!("Dedup has exactly one input");
         };
+        if self.shuffled {
+            return plan_shuffled_dedup(
+                Arc::clone(input),
+                dedup.spec.clone(),
+                session.config_options(),
+            )
+            .map(Some);
+        }
         plan_dedup(
             Arc::clone(input),
             dedup.spec.clone(),
@@ -168,12 +189,25 @@ impl ExtensionPlanner for DedupPlanner {
 #[derive(Debug)]
 pub struct DedupQueryPlanner {
     fallback: Arc<dyn QueryPlanner + Send + Sync>,
+    planner: DedupPlanner,
 }
 
 impl DedupQueryPlanner {
     /// Plans dedups, and everything else with `fallback`.
     pub fn new(fallback: Arc<dyn QueryPlanner + Send + Sync>) -> Self {
-        Self { fallback }
+        Self {
+            fallback,
+            planner: DedupPlanner::default(),
+        }
+    }
+
+    /// Plans dedups with `planner` (e.g. [`DedupPlanner::shuffled`]), everything else with
+    /// `fallback`.
+    pub fn with_planner(
+        fallback: Arc<dyn QueryPlanner + Send + Sync>,
+        planner: DedupPlanner,
+    ) -> Self {
+        Self { fallback, planner }
     }
 }
 
@@ -203,7 +237,7 @@ impl QueryPlanner for DedupQueryPlanner {
                 .create_physical_plan(logical_plan, session)
                 .await;
         }
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(DedupPlanner)])
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(self.planner)])
             .create_physical_plan(logical_plan, session)
             .await
     }
@@ -211,6 +245,16 @@ impl QueryPlanner for DedupQueryPlanner {
 
 /// `state` with a query planner that can plan [`Dedup`] nodes (unchanged if it has one).
 pub fn with_dedup_planner(state: SessionState) -> SessionState {
+    install_planner(state, DedupPlanner::default())
+}
+
+/// `state` with a query planner that plans [`Dedup`] nodes as hash shuffles
+/// ([`DedupPlanner::shuffled`]): for the session of a cluster's scheduler.
+pub fn with_shuffled_dedup_planner(state: SessionState) -> SessionState {
+    install_planner(state, DedupPlanner::shuffled())
+}
+
+fn install_planner(state: SessionState, dedup_planner: DedupPlanner) -> SessionState {
     let planner: &dyn Any = state.query_planner().as_ref();
     if planner.is::<DedupQueryPlanner>() {
         return state;
@@ -219,6 +263,9 @@ pub fn with_dedup_planner(state: SessionState) -> SessionState {
     let session_id = state.session_id().to_owned();
     SessionStateBuilder::new_from_existing(state)
         .with_session_id(session_id)
-        .with_query_planner(Arc::new(DedupQueryPlanner::new(fallback)))
+        .with_query_planner(Arc::new(DedupQueryPlanner::with_planner(
+            fallback,
+            dedup_planner,
+        )))
         .build()
 }
