@@ -77,6 +77,12 @@ struct SqlArgs {
     /// superseded, …) in Prometheus text format to PATH (replaced atomically).
     #[arg(long, value_name = "PATH")]
     metrics: Option<PathBuf>,
+    /// Run the query on an Apache DataFusion Ballista cluster, given its scheduler's URL.
+    /// Its executors must run with idem's codecs (idem-ballista) and read the inputs
+    /// themselves: shared paths or object storage. The rows come back here.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "df://HOST:PORT")]
+    cluster: Option<String>,
 }
 
 /// Key, version and policies, shared by the commands that dedup.
@@ -593,12 +599,17 @@ fn vacuum(args: VacuumArgs) -> Result<ExitCode, String> {
 #[cfg(feature = "sql")]
 fn sql(args: SqlArgs) -> Result<(), String> {
     let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
-    let run = idem::run_sql(
+    #[cfg(feature = "ballista")]
+    let cluster = args.cluster.as_deref();
+    #[cfg(not(feature = "ballista"))]
+    let cluster = None;
+    let run = idem::run_sql_on(
         &args.query,
         args.output.as_deref(),
         args.max_rows_per_file,
         args.memory_limit,
         &storage,
+        cluster,
     )
     .map_err(|e| error_chain(&e))?;
     if let Some(path) = &args.metrics {

@@ -1491,3 +1491,55 @@ fn verify_writes_its_outcome_as_metrics() {
     assert_eq!((status, matches), (Some(1), 0.0));
     assert!(missing > 0.0);
 }
+
+#[cfg(feature = "ballista")]
+#[test]
+fn sql_runs_on_a_ballista_cluster_with_the_rows_of_a_local_run() {
+    // A scheduler and two executors in this process, on loopback; the binary is their
+    // client, in another process.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = runtime
+        .block_on(idem_ballista::start_cluster(
+            datafusion::prelude::SessionConfig::new().with_target_partitions(2),
+            2,
+        ))
+        .expect("cluster");
+    let dir = TempDir::new().expect("tmp");
+    let query = format!(
+        "SELECT * FROM dedup('{}', 'event_id,sequence', 'lsn', 'op=op') ORDER BY event_id, sequence",
+        sample()
+    );
+    let run = |output: &Path, cluster: Option<&str>| {
+        let mut command = idem();
+        command.args(["sql", &query, "-o", p(output)]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url]);
+        }
+        let done = command.output().expect("run");
+        assert!(
+            done.status.success(),
+            "{cluster:?}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        read_output(output)
+    };
+    let local = run(&dir.path().join("local.parquet"), None);
+    let clustered = run(&dir.path().join("cluster.parquet"), Some(&url));
+    let stats = dedup_ok(&[
+        &sample(),
+        "--op",
+        "op",
+        "-o",
+        p(&dir.path().join("dedup.parquet")),
+    ]);
+    assert_eq!(
+        local.num_rows() as u64,
+        stats["rows_out"].as_u64().expect("rows_out")
+    );
+    assert_eq!(clustered, local);
+    drop(runtime);
+}

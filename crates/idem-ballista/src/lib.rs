@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use ballista::prelude::SessionContextExt;
 use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -375,6 +376,38 @@ pub async fn standalone(config: SessionConfig) -> Result<SessionContext> {
 pub async fn remote(url: &str, config: SessionConfig) -> Result<SessionContext> {
     let ctx = SessionContext::remote_with_state(url, session_state(config)?).await?;
     Ok(client_context(ctx))
+}
+
+/// Starts a Ballista scheduler and `executors` executors in this process, on loopback
+/// ports chosen by the system, all with idem's session; returns the scheduler's URL
+/// (`df://localhost:PORT`) for [`remote`] clients, in this process or others (`idem sql
+/// --cluster`). They run until the process ends, on the calling Tokio runtime.
+///
+/// # Errors
+/// The scheduler or an executor cannot start.
+pub async fn start_cluster(config: SessionConfig, executors: usize) -> Result<String> {
+    let failed = |e: ballista_core::error::BallistaError| {
+        DataFusionError::Configuration(format!("starting the cluster: {e}"))
+    };
+    let state = session_state(config)?;
+    let address = ballista_scheduler::standalone::new_standalone_scheduler_from_state(&state)
+        .await
+        .map_err(failed)?;
+    let grpc = format!("http://localhost:{}", address.port());
+    let scheduler = loop {
+        match SchedulerGrpcClient::connect(grpc.clone()).await {
+            Ok(client) => break client,
+            // The server task starts listening a moment after the address is known.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    };
+    let vcores = state.config().target_partitions().max(1);
+    for _ in 0..executors.max(1) {
+        ballista_executor::new_standalone_executor_from_state(scheduler.clone(), vcores, &state)
+            .await
+            .map_err(failed)?;
+    }
+    Ok(format!("df://localhost:{}", address.port()))
 }
 
 #[cfg(test)]

@@ -54,6 +54,6 @@ pub use merge::{
 pub use output::OutputWriter;
 pub use report::{ReportOptions, check_report, write_report};
 #[cfg(feature = "sql")]
-pub use sql::{SqlOutput, SqlRun, format_table, run_sql, session};
+pub use sql::{SqlOutput, SqlRun, format_table, run_sql, run_sql_on, session};
 pub use state::{LatePolicy, StateOptions, StateReport};
 pub use verify::{RowDifference, VerifyJob, VerifyReport, run_verify};

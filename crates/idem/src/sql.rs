@@ -92,6 +92,18 @@ pub fn session(memory_limit: Option<u64>, storage: &StorageOptions) -> Result<Se
     Ok(ctx)
 }
 
+#[cfg(feature = "ballista")]
+async fn cluster_session(url: &str) -> Result<SessionContext> {
+    Ok(idem_ballista::remote(url, SessionConfig::from_env()?).await?)
+}
+
+#[cfg(not(feature = "ballista"))]
+async fn cluster_session(url: &str) -> Result<SessionContext> {
+    Err(Error::InvalidArgument(format!(
+        "--cluster {url}: this idem was built without the `ballista` feature"
+    )))
+}
+
 /// A statement's result and what its dedup operators counted.
 #[derive(Debug)]
 pub struct SqlRun {
@@ -120,13 +132,41 @@ pub fn run_sql(
     memory_limit: Option<u64>,
     storage: &StorageOptions,
 ) -> Result<SqlRun> {
+    run_sql_on(
+        query,
+        output,
+        max_rows_per_file,
+        memory_limit,
+        storage,
+        None,
+    )
+}
+
+/// [`run_sql`], on the Ballista cluster whose scheduler is at `cluster` (`df://host:port`)
+/// when given: the query is planned there and runs on its executors, and the rows come
+/// back here to be printed or written. The executors read the inputs themselves, so paths
+/// must be valid on them (a shared path or object storage).
+///
+/// # Errors
+/// As [`run_sql`], or a scheduler that cannot be reached.
+pub fn run_sql_on(
+    query: &str,
+    output: Option<&str>,
+    max_rows_per_file: usize,
+    memory_limit: Option<u64>,
+    storage: &StorageOptions,
+    cluster: Option<&str>,
+) -> Result<SqlRun> {
     let started = std::time::Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Error::io("tokio runtime"))?;
     let (output, plan) = runtime.block_on(async {
-        let ctx = session(memory_limit, storage)?;
+        let ctx = match cluster {
+            None => session(memory_limit, storage)?,
+            Some(url) => cluster_session(url).await?,
+        };
         let plan = ctx.sql(query).await?.create_physical_plan().await?;
         let task = ctx.task_ctx();
         let output = match output {
