@@ -263,6 +263,18 @@ fn event_seconds(
     column: &str,
     path: &Path,
 ) -> Result<arrow::array::PrimitiveArray<TimestampSecondType>> {
+    let seconds = event_times(batch, column, path, TimeUnit::Second)?;
+    Ok(seconds.as_primitive::<TimestampSecondType>().clone())
+}
+
+/// The time column of `batch` as a zone-less timestamp in `unit`; a missing or
+/// non-temporal column is an error naming the file and column.
+pub(crate) fn event_times(
+    batch: &RecordBatch,
+    column: &str,
+    path: &Path,
+    unit: TimeUnit,
+) -> Result<arrow::array::ArrayRef> {
     let values = batch
         .column_by_name(column)
         .ok_or_else(|| Error::MissingRequiredColumn {
@@ -272,9 +284,7 @@ fn event_seconds(
     if !is_temporal(values.data_type()) {
         return Err(time_type_error(path, column, values.data_type()));
     }
-    let seconds =
-        cast(values, &DataType::Timestamp(TimeUnit::Second, None)).map_err(Error::arrow(path))?;
-    Ok(seconds.as_primitive::<TimestampSecondType>().clone())
+    cast(values, &DataType::Timestamp(unit, None)).map_err(Error::arrow(path))
 }
 
 /// `column=value, …` of the first row with each wanted key hash.

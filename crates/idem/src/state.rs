@@ -34,7 +34,7 @@ use std::time::Duration;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
 };
-use arrow::compute::{cast, filter_record_batch};
+use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType};
 use bytes::Bytes;
 use hashbrown::HashTable;
@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use crate::dedup::WinnerFilter;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs, fingerprint};
-use crate::report::check_time_column;
+use crate::report::{check_time_column, event_times};
 use crate::storage::{RemoteLocation, StorageOptions, managed_directory};
 
 /// Key-hash partitions of a new state: each is one file, rewritten only when a run adds
@@ -447,14 +447,7 @@ fn newest_event_time(files: &[InputFile], column: &str) -> Result<Option<i64>> {
 
 /// The time column as microseconds since the epoch.
 fn event_micros(batch: &RecordBatch, column: &str, path: &Path) -> Result<Int64Array> {
-    let values = batch
-        .column_by_name(column)
-        .ok_or_else(|| Error::MissingRequiredColumn {
-            path: path.to_path_buf(),
-            column: column.to_owned(),
-        })?;
-    let micros = cast(values, &DataType::Timestamp(TimeUnit::Microsecond, None))
-        .map_err(Error::arrow(path))?;
+    let micros = event_times(batch, column, path, TimeUnit::Microsecond)?;
     Ok(micros
         .as_primitive::<TimestampMicrosecondType>()
         .reinterpret_cast::<arrow::datatypes::Int64Type>())
