@@ -51,6 +51,70 @@ enum Command {
     Vacuum(VacuumArgs),
     /// Write seeded, realistic event data (replays, updates, deletes, late arrivals).
     Generate(GenerateArgs),
+    /// Run a Ballista scheduler or executor with idem's codecs built in, for
+    /// `idem dedup --cluster` and `idem sql --cluster` (see docs/distributed.md).
+    #[cfg(feature = "ballista")]
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[cfg(feature = "ballista")]
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Serve a scheduler; prints `listening on df://HOST:PORT` once it accepts clients.
+    Scheduler(SchedulerArgs),
+    /// Serve an executor for a scheduler: it runs tasks and serves its shuffle output.
+    Executor(ExecutorArgs),
+}
+
+#[cfg(feature = "ballista")]
+#[derive(Debug, Args)]
+struct SchedulerArgs {
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50050")]
+    bind: String,
+    /// An executor silent for this long is declared lost; its tasks, and the shuffle output
+    /// it held, are run again on the others. At least 10s (a busy executor reports every
+    /// 5 s).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    executor_timeout: std::time::Duration,
+    /// Attempts of one task before the job fails.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    task_max_failures: usize,
+    /// Object store setting for planning (listing inputs), over the environment
+    /// (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
+}
+
+#[cfg(feature = "ballista")]
+#[derive(Debug, Args)]
+struct ExecutorArgs {
+    /// The scheduler to serve.
+    #[arg(long, value_name = "df://HOST:PORT")]
+    scheduler: String,
+    /// Address its Arrow Flight service (shuffle reads) binds to.
+    #[arg(long, value_name = "HOST", default_value = "127.0.0.1")]
+    bind_host: String,
+    /// The host name other executors and clients reach it by (default: the bind address).
+    #[arg(long, value_name = "HOST")]
+    external_host: Option<String>,
+    /// Port of its Arrow Flight service.
+    #[arg(long, value_name = "PORT", default_value_t = 50051)]
+    port: u16,
+    /// Port of its gRPC service.
+    #[arg(long, value_name = "PORT", default_value_t = 50052)]
+    grpc_port: u16,
+    /// Tasks it runs at once (default: the machine's cores).
+    #[arg(long, value_name = "N")]
+    concurrent_tasks: Option<usize>,
+    /// Directory for its shuffle files (default: a temporary directory).
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<String>,
+    /// Object store setting for reading inputs and writing parts, over the AWS_* /
+    /// GOOGLE_* / AZURE_* environment (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
 }
 
 #[cfg(feature = "sql")]
@@ -240,6 +304,19 @@ struct DedupArgs {
     /// How many of the most-delivered keys the report lists.
     #[arg(long, value_name = "N", default_value_t = 20, requires = "report")]
     report_top_keys: usize,
+    /// Run the dedup on an Apache DataFusion Ballista cluster, given its scheduler's URL
+    /// (executors started with `idem cluster executor`). Executors read the inputs and
+    /// write the parts themselves, so inputs and output must be object storage or paths
+    /// every machine shares; this process commits the output. The output must be a
+    /// directory.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "df://HOST:PORT", conflicts_with_all = ["state", "memory_limit", "report"])]
+    cluster: Option<String>,
+    /// Key partitions of a cluster run: tasks of the dedup stage, and at least that many
+    /// part files.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "N", default_value_t = idem::cluster::DEFAULT_CLUSTER_PARTITIONS, requires = "cluster")]
+    partitions: usize,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -471,6 +548,12 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         return Err("--time-column is for --report or --state".to_owned());
     }
     let bar = Bar::new(args.quiet);
+    #[cfg(feature = "ballista")]
+    let result = match &args.cluster {
+        Some(scheduler) => idem::cluster::run_dedup_on_cluster(&job, scheduler, args.partitions),
+        None => idem::run_dedup(&job, &bar),
+    };
+    #[cfg(not(feature = "ballista"))]
     let result = idem::run_dedup(&job, &bar);
     bar.0.finish_and_clear();
     let report = result.map_err(|e| error_chain(&e))?;
@@ -776,6 +859,60 @@ fn verify_text(report: &idem::VerifyReport) -> String {
     text
 }
 
+/// `df://host:port` (or `host:port`) as host and port.
+#[cfg(feature = "ballista")]
+fn scheduler_address(url: &str) -> Result<(String, u16), String> {
+    let address = url
+        .strip_prefix("df://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| format!("--scheduler '{url}': expected df://HOST:PORT"))?;
+    let port = port
+        .parse()
+        .map_err(|_| format!("--scheduler '{url}': bad port '{port}'"))?;
+    Ok((host.to_owned(), port))
+}
+
+#[cfg(feature = "ballista")]
+fn cluster(command: ClusterCommand) -> Result<(), String> {
+    match command {
+        ClusterCommand::Scheduler(args) => {
+            let storage =
+                StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+            let options = idem::cluster::SchedulerOptions {
+                executor_timeout: args.executor_timeout,
+                task_max_failures: args.task_max_failures,
+            };
+            idem::cluster::run_scheduler(&args.bind, options, &storage, |address| {
+                // Scripts (and tests) wait for this line to learn the port.
+                println!("listening on df://{address}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            })
+            .map_err(|e| error_chain(&e))
+        }
+        ClusterCommand::Executor(args) => {
+            let storage =
+                StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+            let (scheduler_host, scheduler_port) = scheduler_address(&args.scheduler)?;
+            let options = idem::cluster::ExecutorOptions {
+                scheduler_host,
+                scheduler_port,
+                external_host: args.external_host.or_else(|| Some(args.bind_host.clone())),
+                bind_host: args.bind_host,
+                port: args.port,
+                grpc_port: args.grpc_port,
+                concurrent_tasks: args.concurrent_tasks.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+                }),
+                work_dir: args.work_dir,
+            };
+            idem::cluster::run_executor(options, &storage).map_err(|e| error_chain(&e))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -793,6 +930,8 @@ fn main() -> ExitCode {
         Command::Merge(args) => merge(args),
         #[cfg(feature = "delta")]
         Command::Vacuum(args) => vacuum(args),
+        #[cfg(feature = "ballista")]
+        Command::Cluster(command) => cluster(command).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -6,8 +6,8 @@ use std::process::Output;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, DictionaryArray, Float64Array, Int64Array, RecordBatch,
-    RecordBatchReader, StringArray, UInt64Array,
+    Array, ArrayRef, AsArray, DictionaryArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    UInt64Array,
 };
 use arrow::datatypes::{DataType, Int32Type, Int64Type};
 use parquet::arrow::ArrowWriter;
@@ -18,7 +18,7 @@ use tempfile::TempDir;
 mod common;
 #[cfg(feature = "cloud")]
 use common::{SECRET, s3_prefix};
-use common::{idem, p};
+use common::{idem, p, read_parquet};
 
 fn write_parquet(path: &Path, batch: &RecordBatch) {
     let file = std::fs::File::create(path).expect("create");
@@ -51,18 +51,7 @@ fn read_output(path: &Path) -> RecordBatch {
     } else {
         vec![path.to_path_buf()]
     };
-    let mut batches = Vec::new();
-    let mut schema = None;
-    for file in files {
-        let reader =
-            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).expect("open"))
-                .expect("parquet")
-                .build()
-                .expect("reader");
-        schema.get_or_insert(reader.schema());
-        batches.extend(reader.map(|b| b.expect("batch")));
-    }
-    arrow::compute::concat_batches(&schema.expect("a file"), &batches).expect("concat")
+    read_parquet(&files)
 }
 
 fn column_strings(batch: &RecordBatch, name: &str) -> Vec<String> {

@@ -2,7 +2,10 @@
 // Each test binary uses its own subset of these.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{RecordBatch, RecordBatchReader};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::process::Command;
 
 /// The `idem` binary under test.
@@ -42,3 +45,19 @@ pub fn s3_prefix(test: &str) -> Option<String> {
 #[cfg(feature = "cloud")]
 /// A secret that must never be printed; the test server accepts any credentials.
 pub const SECRET: &str = "idem-test-secret-never-printed";
+
+/// Every row of some Parquet files of one schema, in order, as one batch.
+pub fn read_parquet(files: &[PathBuf]) -> RecordBatch {
+    let mut batches = Vec::new();
+    let mut schema = None;
+    for file in files {
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).expect("open"))
+                .expect("parquet")
+                .build()
+                .expect("reader");
+        schema.get_or_insert(reader.schema());
+        batches.extend(reader.map(|b| b.expect("batch")));
+    }
+    arrow::compute::concat_batches(&schema.expect("a file"), &batches).expect("concat")
+}

@@ -15,9 +15,14 @@
 //!
 //! On a cluster a dedup is planned as a hash shuffle on the key ([`DedupPlanner::shuffled`]):
 //! scan → [`PositionExec`] → shuffle by key hash → [`DedupExec`] per partition, so each
-//! task reads its share of the input once. [`session_state`] builds the scheduler's state
-//! (the shuffled planner, the codecs, the functions), [`standalone`] starts an in-process
-//! cluster on loopback around it, and [`remote`] connects to a running scheduler.
+//! task reads its share of the input once. A job that writes its result puts
+//! [`WriteParts`] on top: each dedup task writes its partition's Parquet parts itself
+//! and returns only counts ([`parts_written`]), for the client to commit.
+//!
+//! [`session_state`] builds the scheduler's state (the shuffled planner, the codecs, the
+//! functions), [`standalone`] and [`start_cluster`] start an in-process cluster on
+//! loopback around it, [`remote`] connects to a running scheduler, and [`run_scheduler`] /
+//! [`run_executor`] are the long-running processes of a real cluster.
 //!
 //! [`DedupPlanner::shuffled`]: idem_datafusion::DedupPlanner::shuffled
 
@@ -30,17 +35,27 @@ use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtens
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::registry::FunctionRegistry;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
-use datafusion::logical_expr::{AggregateUDF, Extension, LogicalPlan};
+use datafusion::logical_expr::{AggregateUDF, Extension, LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use idem_datafusion::{
-    Dedup, DedupExec, DedupSpec, DedupTableFunc, DeletePolicy, LateDedupExec, PositionExec,
-    TiePolicy, max_by_udaf, min_by_udaf, with_shuffled_dedup_planner,
+    Dedup, DedupExec, DedupPlanner, DedupQueryPlanner, DedupSpec, DedupTableFunc, DeletePolicy,
+    LateDedupExec, PositionExec, TiePolicy, max_by_udaf, min_by_udaf,
 };
 use serde_json::{Value, json};
+
+mod parts;
+mod serve;
+
+pub use parts::{
+    DEDUP_COUNTERS, PartWritten, PartsLayout, WriteParts, WritePartsExec, WritePartsPlanner,
+    part_file_name, parts_schema, parts_written,
+};
+pub use serve::{ExecutorOptions, SchedulerOptions, run_executor, run_scheduler};
 
 /// The first bytes of every payload idem encodes; anything else belongs to the fallback.
 const MAGIC: &[u8] = b"IDEMPLAN1";
@@ -96,17 +111,41 @@ fn spec_from_json(value: &Value) -> Result<DedupSpec> {
     Ok(DedupSpec::new(strings(value, "keys")?, strings(value, "versions")?).with_options(options))
 }
 
+/// What an idem payload holds: the node's name and, by node, its dedup spec or its
+/// output layout.
+#[derive(Debug, Clone, PartialEq)]
+struct Payload {
+    node: String,
+    spec: Option<DedupSpec>,
+    layout: Option<PartsLayout>,
+    /// A [`PositionExec`]'s scan partitions as planned.
+    sources: Option<Vec<String>>,
+}
+
 fn encode(node: &str, spec: Option<&DedupSpec>, buf: &mut Vec<u8>) -> Result<()> {
     let mut payload = json!({ "node": node });
     if let Some(spec) = spec {
         payload["spec"] = spec_to_json(spec);
     }
+    write_payload(&payload, buf)
+}
+
+fn encode_layout(node: &str, layout: &PartsLayout, buf: &mut Vec<u8>) -> Result<()> {
+    let layout = serde_json::to_value(layout).map_err(|e| codec_error(e.to_string()))?;
+    write_payload(&json!({ "node": node, "layout": layout }), buf)
+}
+
+fn encode_sources(node: &str, sources: &[String], buf: &mut Vec<u8>) -> Result<()> {
+    write_payload(&json!({ "node": node, "sources": sources }), buf)
+}
+
+fn write_payload(payload: &Value, buf: &mut Vec<u8>) -> Result<()> {
     buf.extend_from_slice(MAGIC);
-    serde_json::to_writer(buf, &payload).map_err(|e| codec_error(e.to_string()))
+    serde_json::to_writer(buf, payload).map_err(|e| codec_error(e.to_string()))
 }
 
 /// The payload of an idem node, `None` for another codec's bytes.
-fn decode(buf: &[u8]) -> Result<Option<(String, Option<DedupSpec>)>> {
+fn decode(buf: &[u8]) -> Result<Option<Payload>> {
     let Some(body) = buf.strip_prefix(MAGIC) else {
         return Ok(None);
     };
@@ -119,11 +158,26 @@ fn decode(buf: &[u8]) -> Result<Option<(String, Option<DedupSpec>)>> {
         Some(spec) => Some(spec_from_json(spec)?),
         None => None,
     };
-    Ok(Some((node, spec)))
+    let layout = match payload.get("layout") {
+        Some(layout) => {
+            Some(serde_json::from_value(layout.clone()).map_err(|e| codec_error(e.to_string()))?)
+        }
+        None => None,
+    };
+    let sources = match payload.get("sources") {
+        Some(_) => Some(strings(&payload, "sources")?),
+        None => None,
+    };
+    Ok(Some(Payload {
+        node,
+        spec,
+        layout,
+        sources,
+    }))
 }
 
-fn required(spec: Option<DedupSpec>, node: &str) -> Result<DedupSpec> {
-    spec.ok_or_else(|| codec_error(format!("{node} without a spec")))
+fn required<T>(field: Option<T>, node: &str, what: &str) -> Result<T> {
+    field.ok_or_else(|| codec_error(format!("{node} without its {what}")))
 }
 
 fn only_input<T: Clone>(inputs: &[T], node: &str) -> Result<T> {
@@ -172,24 +226,33 @@ impl LogicalExtensionCodec for IdemLogicalCodec {
         inputs: &[LogicalPlan],
         ctx: &TaskContext,
     ) -> Result<Extension> {
-        match decode(buf)? {
-            Some((node, spec)) if node == "dedup" => {
-                let input = only_input(inputs, "Dedup")?;
-                let dedup = Dedup::try_new(input, required(spec, "Dedup")?)?;
-                Ok(Extension {
-                    node: Arc::new(dedup),
-                })
-            }
-            Some((node, _)) => Err(codec_error(format!("unknown logical node '{node}'"))),
-            None => self.fallback.try_decode(buf, inputs, ctx),
-        }
+        let Some(payload) = decode(buf)? else {
+            return self.fallback.try_decode(buf, inputs, ctx);
+        };
+        let input = only_input(inputs, &payload.node)?;
+        let node: Arc<dyn UserDefinedLogicalNode> = match payload.node.as_str() {
+            "dedup" => Arc::new(Dedup::try_new(
+                input,
+                required(payload.spec, "Dedup", "spec")?,
+            )?),
+            "write_parts" => Arc::new(WriteParts::try_new(
+                input,
+                required(payload.layout, "WriteParts", "layout")?,
+            )?),
+            other => return Err(codec_error(format!("unknown logical node '{other}'"))),
+        };
+        Ok(Extension { node })
     }
 
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
-        match node.node.as_any().downcast_ref::<Dedup>() {
-            Some(dedup) => encode("dedup", Some(dedup.spec()), buf),
-            None => self.fallback.try_encode(node, buf),
+        let any = node.node.as_any();
+        if let Some(dedup) = any.downcast_ref::<Dedup>() {
+            return encode("dedup", Some(dedup.spec()), buf);
         }
+        if let Some(write) = any.downcast_ref::<WriteParts>() {
+            return encode_layout("write_parts", write.layout(), buf);
+        }
+        self.fallback.try_encode(node, buf)
     }
 
     fn try_decode_table_provider(
@@ -272,18 +335,31 @@ impl PhysicalExtensionCodec for IdemPhysicalCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let Some((node, spec)) = decode(buf)? else {
+        let Some(Payload {
+            node,
+            spec,
+            layout,
+            sources,
+        }) = decode(buf)?
+        else {
             return self.fallback.try_decode(buf, inputs, ctx, proto_converter);
         };
         let input = only_input(inputs, &node)?;
         Ok(match node.as_str() {
-            "dedup_exec" => Arc::new(DedupExec::try_new(input, required(spec, &node)?)?),
-            "position_exec" => Arc::new(PositionExec::try_new(input)?),
+            "dedup_exec" => Arc::new(DedupExec::try_new(input, required(spec, &node, "spec")?)?),
+            "position_exec" => Arc::new(PositionExec::with_sources(
+                input,
+                sources.unwrap_or_default(),
+            )?),
             "late_dedup_exec" => Arc::new(LateDedupExec::try_new(
                 input,
-                required(spec, &node)?,
+                required(spec, &node, "spec")?,
                 ctx.session_config().options(),
             )?),
+            "write_parts_exec" => Arc::new(WritePartsExec::new(
+                input,
+                required(layout, &node, "layout")?,
+            )),
             other => return Err(codec_error(format!("unknown physical node '{other}'"))),
         })
     }
@@ -297,11 +373,14 @@ impl PhysicalExtensionCodec for IdemPhysicalCodec {
         if let Some(dedup) = node.downcast_ref::<DedupExec>() {
             return encode("dedup_exec", Some(dedup.spec()), buf);
         }
-        if node.is::<PositionExec>() {
-            return encode("position_exec", None, buf);
+        if let Some(position) = node.downcast_ref::<PositionExec>() {
+            return encode_sources("position_exec", position.sources(), buf);
         }
         if let Some(late) = node.downcast_ref::<LateDedupExec>() {
             return encode("late_dedup_exec", Some(late.spec()), buf);
+        }
+        if let Some(write) = node.downcast_ref::<WritePartsExec>() {
+            return encode_layout("write_parts_exec", write.layout(), buf);
         }
         self.fallback.try_encode(node, buf, proto_converter)
     }
@@ -332,16 +411,39 @@ pub fn ballista_config(config: &SessionConfig) -> SessionConfig {
 }
 
 /// The session state a cluster's scheduler and executors run with: `config` with idem's
-/// codecs, dedups planned as hash shuffles, the `dedup` table function and the aggregates.
+/// codecs, dedups planned as hash shuffles, parts written by the executors
+/// ([`WriteParts`]), the `dedup` table function and the aggregates.
 ///
 /// # Errors
 /// A function cannot be registered.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
+    session_state_with_runtime(config, Arc::new(RuntimeEnv::default()))
+}
+
+/// [`session_state`] with `runtime`: its object stores (e.g. one that builds `s3://`
+/// stores from the environment) and memory pool.
+///
+/// # Errors
+/// A function cannot be registered.
+pub fn session_state_with_runtime(
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+) -> Result<SessionState> {
     let state = SessionStateBuilder::new()
         .with_config(ballista_config(&config))
+        .with_runtime_env(runtime)
         .with_default_features()
         .build();
-    let mut state = with_shuffled_dedup_planner(state);
+    let session_id = state.session_id().to_owned();
+    let planner = DedupQueryPlanner::with_planner(
+        Arc::clone(state.query_planner()),
+        DedupPlanner::shuffled(),
+    )
+    .with_extension_planner(Arc::new(WritePartsPlanner));
+    let mut state = SessionStateBuilder::new_from_existing(state)
+        .with_session_id(session_id)
+        .with_query_planner(Arc::new(planner))
+        .build();
     state.register_udtf("dedup", Arc::new(DedupTableFunc));
     state.register_udaf(Arc::new(max_by_udaf()))?;
     state.register_udaf(Arc::new(min_by_udaf()))?;
@@ -374,7 +476,21 @@ pub async fn standalone(config: SessionConfig) -> Result<SessionContext> {
 /// # Errors
 /// The scheduler cannot be reached.
 pub async fn remote(url: &str, config: SessionConfig) -> Result<SessionContext> {
-    let ctx = SessionContext::remote_with_state(url, session_state(config)?).await?;
+    remote_with_runtime(url, config, Arc::new(RuntimeEnv::default())).await
+}
+
+/// [`remote`], planning with `runtime`'s object stores on the client (e.g. to read the
+/// schema of an `s3://` table).
+///
+/// # Errors
+/// The scheduler cannot be reached.
+pub async fn remote_with_runtime(
+    url: &str,
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+) -> Result<SessionContext> {
+    let state = session_state_with_runtime(config, runtime)?;
+    let ctx = SessionContext::remote_with_state(url, state).await?;
     Ok(client_context(ctx))
 }
 
@@ -427,7 +543,27 @@ mod tests {
         let mut buf = Vec::new();
         encode("dedup_exec", Some(&spec), &mut buf).expect("encode");
         let decoded = decode(&buf).expect("decode");
-        assert_eq!(decoded, Some(("dedup_exec".to_owned(), Some(spec))));
+        assert_eq!(
+            decoded,
+            Some(Payload {
+                node: "dedup_exec".to_owned(),
+                spec: Some(spec),
+                layout: None,
+                sources: None,
+            })
+        );
+        let layout = PartsLayout {
+            directory: "s3://bucket/out/_idem-staging-1/".to_owned(),
+            max_rows_per_file: 1_000_000,
+            chunk_rows: 8192,
+            row_group_rows: 131_072,
+            dictionary_page_bytes: 65_536,
+            zstd_level: 1,
+        };
+        let mut buf = Vec::new();
+        encode_layout("write_parts_exec", &layout, &mut buf).expect("encode");
+        let decoded = decode(&buf).expect("decode").expect("an idem payload");
+        assert_eq!(decoded.layout, Some(layout));
         assert_eq!(decode(b"\x0a\x02hi").expect("foreign bytes"), None);
         assert!(decode(b"IDEMPLAN1{").is_err());
     }

@@ -101,3 +101,95 @@ async fn a_standalone_cluster_dedups_like_a_local_session() {
         assert_eq!(found, expected, "{sql}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_write_the_dedup_as_parts_and_return_their_counts() {
+    use idem_ballista::{PartsLayout, WriteParts, part_file_name, parts_written};
+    use idem_datafusion::{Dedup, DedupSpec};
+
+    let dir = tempfile::tempdir().expect("tmp");
+    write_events(dir.path(), 4, 5_000);
+    let source = dir.path().display().to_string();
+    let staging = dir.path().join("staging");
+    let cluster = idem_ballista::standalone(SessionConfig::new().with_target_partitions(3))
+        .await
+        .expect("standalone cluster");
+    cluster
+        .register_parquet("events", &source, ParquetReadOptions::default())
+        .await
+        .expect("register");
+    let layout = PartsLayout {
+        directory: format!("file://{}/", staging.display()),
+        max_rows_per_file: 1_000,
+        chunk_rows: 256,
+        row_group_rows: 512,
+        dictionary_page_bytes: 4096,
+        zstd_level: 1,
+    };
+    let scan = cluster
+        .table("events")
+        .await
+        .expect("table")
+        .into_unoptimized_plan();
+    let dedup = Dedup::try_new(scan, DedupSpec::new(["event_id", "sequence"], ["lsn"]))
+        .expect("dedup")
+        .into_plan();
+    let plan = WriteParts::try_new(dedup, layout)
+        .expect("write")
+        .into_plan();
+    let batches = cluster
+        .execute_logical_plan(plan)
+        .await
+        .expect("plan")
+        .collect()
+        .await
+        .expect("run");
+    let parts = parts_written(&batches).expect("parts");
+
+    // One result per key partition; together they hold the local dedup's rows.
+    assert_eq!(
+        parts.iter().map(|p| p.partition).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    let local = SessionContext::new();
+    idem_datafusion::register(&local);
+    let expected = sorted_rows(
+        &local,
+        &format!(
+            "SELECT * FROM dedup('{source}', 'event_id,sequence', 'lsn') ORDER BY event_id, sequence"
+        ),
+    )
+    .await;
+    let rows_out: u64 = parts.iter().map(|p| p.rows).sum();
+    assert_eq!(rows_out as usize + 4, expected.lines().count());
+    let rows_in: u64 = parts.iter().map(|p| p.counters["rows_in"]).sum();
+    assert_eq!(rows_in, 20_000);
+    let dropped: u64 = parts
+        .iter()
+        .map(|p| p.counters["duplicates"] + p.counters["superseded"])
+        .sum();
+    assert_eq!(rows_in, rows_out + dropped);
+    let reader = SessionContext::new();
+    idem_datafusion::register(&reader);
+    for part in &parts {
+        assert_eq!(part.files as u64, part.rows.div_ceil(1_000), "{part:?}");
+        for index in 0..part.files {
+            let file = staging.join(part_file_name(part.partition, index));
+            assert!(file.is_file(), "{} missing", file.display());
+        }
+    }
+    reader
+        .register_parquet(
+            "parts",
+            &staging.display().to_string(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .expect("parts");
+    let written = sorted_rows(
+        &reader,
+        "SELECT event_id, sequence, lsn, status FROM parts ORDER BY event_id, sequence",
+    )
+    .await;
+    assert_eq!(written, expected);
+}

@@ -30,15 +30,19 @@ use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::execution::{SpillFile, SpillWriter};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -94,11 +98,51 @@ pub(crate) fn in_plan_order(context: &Arc<TaskContext>) -> Arc<TaskContext> {
 
 /// Adds [`POSITION_COLUMN`], `partition << 40 | row`, so that rows can be put back in a
 /// deterministic order after a hash repartition has interleaved them.
+///
+/// `partition` is the partition of the whole scan, even where a task runs a plan restricted
+/// to some of them (Ballista numbers a task's partitions from 0 again): the operator keeps
+/// the identity of every partition of the file scan below as planned (its first file and
+/// byte range) and looks up the one it is asked to run.
 #[derive(Debug, Clone)]
 pub struct PositionExec {
     input: Arc<dyn ExecutionPlan>,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
+    /// The scan's partitions as planned, by [`scan_partition_ids`].
+    sources: Vec<String>,
+}
+
+/// The file scan below `plan` through filters and projections: each partition's identity,
+/// its first file and where in it the partition starts. Empty without such a scan.
+fn scan_partition_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    let mut node = Arc::clone(plan);
+    loop {
+        if let Some(scan) = node
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+        {
+            return scan
+                .file_groups
+                .iter()
+                .map(|group| match group.files().first() {
+                    Some(file) => format!(
+                        "{}@{}",
+                        file.object_meta.location,
+                        file.range.as_ref().map_or(0, |r| r.start)
+                    ),
+                    None => String::new(),
+                })
+                .collect();
+        }
+        let children = node.children();
+        match children.as_slice() {
+            [child] if node.is::<FilterExec>() || node.is::<ProjectionExec>() => {
+                let child = Arc::clone(child);
+                node = child;
+            }
+            _ => return Vec::new(),
+        }
+    }
 }
 
 impl PositionExec {
@@ -107,6 +151,16 @@ impl PositionExec {
     /// # Errors
     /// The input already has a column named [`POSITION_COLUMN`].
     pub fn try_new(input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let sources = scan_partition_ids(&input);
+        Self::with_sources(input, sources)
+    }
+
+    /// Stamps the rows of `input`, whose file scan had the partitions `sources` when
+    /// planned ([`PositionExec::sources`]): for a plan decoded on a cluster's executor.
+    ///
+    /// # Errors
+    /// The input already has a column named [`POSITION_COLUMN`].
+    pub fn with_sources(input: Arc<dyn ExecutionPlan>, sources: Vec<String>) -> Result<Self> {
         let input_schema = input.schema();
         if input_schema.field_with_name(POSITION_COLUMN).is_ok() {
             return internal_err!("input already has a column named {POSITION_COLUMN}");
@@ -131,7 +185,22 @@ impl PositionExec {
             input,
             schema,
             cache,
+            sources,
         })
+    }
+
+    /// The identities of the scan's partitions as planned.
+    pub fn sources(&self) -> &[String] {
+        &self.sources
+    }
+
+    /// The planned partition that `local`, a partition of the input as it is now, reads.
+    fn planned_partition(&self, local: usize) -> usize {
+        scan_partition_ids(&self.input)
+            .get(local)
+            .filter(|id| !id.is_empty())
+            .and_then(|id| self.sources.iter().position(|s| s == id))
+            .unwrap_or(local)
     }
 }
 
@@ -178,7 +247,13 @@ impl ExecutionPlan for PositionExec {
         if children.len() != 1 {
             return internal_err!("PositionExec takes one child");
         }
-        Ok(Arc::new(Self::try_new(children.swap_remove(0))?))
+        let child = children.swap_remove(0);
+        // A child restricted to some of the planned partitions keeps the plan's numbering.
+        let ids = scan_partition_ids(&child);
+        if !ids.is_empty() && ids.iter().all(|id| self.sources.contains(id)) {
+            return Ok(Arc::new(Self::with_sources(child, self.sources.clone())?));
+        }
+        Ok(Arc::new(Self::try_new(child)?))
     }
 
     fn with_new_children(
@@ -197,7 +272,7 @@ impl ExecutionPlan for PositionExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
-        let mut next = (partition as u64) << ROW_BITS;
+        let mut next = (self.planned_partition(partition) as u64) << ROW_BITS;
         let stream = self
             .input
             .execute(partition, in_plan_order(&context))?
@@ -440,6 +515,8 @@ pub(crate) struct DedupMetrics {
     deleted: Count,
     conflicts: Count,
     null_keys: Count,
+    distinct_keys: Count,
+    tombstones_kept: Count,
     spill_files: Count,
     spilled_rows: Count,
     spilled_bytes: Count,
@@ -458,6 +535,8 @@ impl DedupMetrics {
             deleted: counter("deleted"),
             conflicts: counter("conflicts"),
             null_keys: counter("null_keys"),
+            distinct_keys: counter("distinct_keys"),
+            tombstones_kept: counter("tombstones_kept"),
             spill_files: counter("spill_files"),
             spilled_rows: counter("spilled_rows"),
             spilled_bytes: counter("spilled_bytes"),
@@ -479,6 +558,8 @@ impl DedupMetrics {
         self.deleted.add(stats.deleted as usize);
         self.conflicts.add(stats.conflicts as usize);
         self.null_keys.add(stats.null_keys as usize);
+        self.distinct_keys.add(stats.distinct_keys as usize);
+        self.tombstones_kept.add(stats.tombstones_kept as usize);
     }
 }
 

@@ -186,19 +186,28 @@ impl ExtensionPlanner for DedupPlanner {
 
 /// A [`QueryPlanner`] that plans [`Dedup`] nodes and hands every other query to the
 /// planner the session had before, so a custom planner keeps working for its queries.
-#[derive(Debug)]
 pub struct DedupQueryPlanner {
     fallback: Arc<dyn QueryPlanner + Send + Sync>,
     planner: DedupPlanner,
+    /// Planners of other extension nodes that only appear above a dedup (e.g. a cluster's
+    /// part writer).
+    others: Vec<Arc<dyn ExtensionPlanner + Send + Sync>>,
+}
+
+impl std::fmt::Debug for DedupQueryPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DedupQueryPlanner")
+            .field("fallback", &self.fallback)
+            .field("planner", &self.planner)
+            .field("other_planners", &self.others.len())
+            .finish()
+    }
 }
 
 impl DedupQueryPlanner {
     /// Plans dedups, and everything else with `fallback`.
     pub fn new(fallback: Arc<dyn QueryPlanner + Send + Sync>) -> Self {
-        Self {
-            fallback,
-            planner: DedupPlanner::default(),
-        }
+        Self::with_planner(fallback, DedupPlanner::default())
     }
 
     /// Plans dedups with `planner` (e.g. [`DedupPlanner::shuffled`]), everything else with
@@ -207,7 +216,20 @@ impl DedupQueryPlanner {
         fallback: Arc<dyn QueryPlanner + Send + Sync>,
         planner: DedupPlanner,
     ) -> Self {
-        Self { fallback, planner }
+        Self {
+            fallback,
+            planner,
+            others: Vec::new(),
+        }
+    }
+
+    /// Also plans the extension nodes `planner` knows, in plans that hold a dedup.
+    pub fn with_extension_planner(
+        mut self,
+        planner: Arc<dyn ExtensionPlanner + Send + Sync>,
+    ) -> Self {
+        self.others.push(planner);
+        self
     }
 }
 
@@ -237,7 +259,10 @@ impl QueryPlanner for DedupQueryPlanner {
                 .create_physical_plan(logical_plan, session)
                 .await;
         }
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(self.planner)])
+        let mut planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> =
+            vec![Arc::new(self.planner)];
+        planners.extend(self.others.iter().cloned());
+        DefaultPhysicalPlanner::with_extension_planners(planners)
             .create_physical_plan(logical_plan, session)
             .await
     }

@@ -152,10 +152,15 @@ pub struct DedupReport {
     /// written and `state.dropped()` the winners it held back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<StateReport>,
+    /// Where the job ran, when on a cluster (`--cluster`). Per-file `kept` counts are not
+    /// known there: only each file's rows are reported.
+    #[cfg(feature = "ballista")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::ClusterRun>,
 }
 
 impl DedupReport {
-    fn new(job: &DedupJob, run: &DedupRun) -> Self {
+    pub(crate) fn new(job: &DedupJob, run: &DedupRun) -> Self {
         let stats = run.stats;
         Self {
             stats,
@@ -174,13 +179,15 @@ impl DedupReport {
             write_seconds: 0.0,
             elapsed_seconds: 0.0,
             state: None,
+            #[cfg(feature = "ballista")]
+            cluster: None,
         }
     }
 }
 
 /// Opens the inputs, unifies their schemas and checks that every file has the columns the
 /// spec reads.
-fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
+pub(crate) fn open_inputs(job: &DedupJob) -> Result<(Vec<InputFile>, SchemaRef)> {
     let paths = expand_inputs(&job.inputs, &job.storage)?;
     let files: Vec<InputFile> = paths.iter().map(InputFile::open).collect::<Result<_>>()?;
     let schema = unify(files.iter().map(|f| (f.path(), f.schema())))?;

@@ -355,6 +355,11 @@ impl InputFile {
         self.constants = Some(Arc::clone(columns));
     }
 
+    /// Whether the file is Parquet (rather than Arrow IPC).
+    pub fn is_parquet(&self) -> bool {
+        matches!(self.format, Format::Parquet(_))
+    }
+
     /// Rows in the file.
     pub fn num_rows(&self) -> u64 {
         self.num_rows

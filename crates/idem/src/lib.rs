@@ -21,6 +21,8 @@
 //! # Ok::<(), idem::Error>(())
 //! ```
 
+#[cfg(feature = "ballista")]
+pub mod cluster;
 mod decide;
 mod dedup;
 mod duration;

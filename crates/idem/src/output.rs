@@ -35,13 +35,13 @@ use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteLocation, StorageOptions};
 
 /// Rows per row group (DuckDB writes 122,880).
-const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
+pub(crate) const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
 /// Dictionary size at which a column chunk falls back to plain encoding.
-const MAX_DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
 /// Rows per call into the Parquet writer. Its page and dictionary decisions are taken per
 /// call, so calls of a fixed size make the bytes depend only on the rows, not on how the
 /// input happened to be batched: that is what makes f(f(x)) = f(x) hold byte for byte.
-const WRITE_CHUNK_ROWS: usize = 8192;
+pub(crate) const WRITE_CHUNK_ROWS: usize = 8192;
 
 /// Writes batches of one schema as zstd Parquet, atomically (see the module docs).
 pub struct OutputWriter {
@@ -78,11 +78,28 @@ impl std::fmt::Debug for OutputWriter {
     }
 }
 
-fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
+pub(crate) fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
     let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
         Error::InvalidArgument(format!("output '{}' has no file name", target.display()))
     })?;
     Ok(target.with_file_name(format!(".{name}.idem-{tag}-{}", std::process::id())))
+}
+
+/// The writer settings of every idem output.
+pub(crate) fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        // A row group is buffered whole until it is written: a million rows (the default)
+        // of wide rows is hundreds of megabytes. Bounded by rows, not bytes, so that row
+        // groups fall at the same rows whatever the input's batches (f(f(x)) = f(x)).
+        .set_max_row_group_row_count(Some(MAX_ROW_GROUP_ROWS))
+        // Small row groups restart every column's dictionary; a small dictionary limit
+        // makes high-cardinality columns (UUID keys, free text) fall back to plain
+        // encoding at once instead of re-interning each row group, while low-cardinality
+        // columns keep their dictionaries. Measured faster and smaller on every shape in
+        // benches/RESULTS.md.
+        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES)
+        .build()
 }
 
 impl OutputWriter {
@@ -183,22 +200,6 @@ impl OutputWriter {
         Ok(writer)
     }
 
-    fn properties() -> WriterProperties {
-        WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            // A row group is buffered whole until it is written: a million rows (the default)
-            // of wide rows is hundreds of megabytes. Bounded by rows, not bytes, so that row
-            // groups fall at the same rows whatever the input's batches (f(f(x)) = f(x)).
-            .set_max_row_group_row_count(Some(MAX_ROW_GROUP_ROWS))
-            // Small row groups restart every column's dictionary; a small dictionary limit
-            // makes high-cardinality columns (UUID keys, free text) fall back to plain
-            // encoding at once instead of re-interning each row group, while low-cardinality
-            // columns keep their dictionaries. Measured faster and smaller on every shape in
-            // benches/RESULTS.md.
-            .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES)
-            .build()
-    }
-
     fn open_part(&mut self) -> Result<()> {
         let path = if self.single_file {
             self.temp.clone()
@@ -210,7 +211,7 @@ impl OutputWriter {
         let writer = ArrowWriter::try_new(
             file,
             std::sync::Arc::clone(&self.schema),
-            Some(Self::properties()),
+            Some(writer_properties()),
         )
         .map_err(Error::parquet(&path))?;
         self.writer = Some(writer);
@@ -300,24 +301,30 @@ impl OutputWriter {
             self.committed = true;
             return Ok(vec![self.target.clone()]);
         }
-        if self.target.exists() {
-            let old = hidden_sibling(&self.target, "old")?;
-            std::fs::rename(&self.target, &old).map_err(Error::io(&self.target))?;
-            if let Err(e) = std::fs::rename(&self.temp, &self.target) {
-                // Put the previous output back rather than leave none.
-                let _ = std::fs::rename(&old, &self.target);
-                return Err(Error::io(&self.target)(e));
-            }
-            std::fs::remove_dir_all(&old).map_err(Error::io(&old))?;
-        } else {
-            std::fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
-        }
+        replace_directory(&self.temp, &self.target)?;
         self.committed = true;
         Ok(self
             .files
             .iter()
             .filter_map(|f| f.file_name().map(|n| self.target.join(n)))
             .collect())
+    }
+}
+
+/// Puts the directory `temp` in place of `target`: an existing target is moved aside, the
+/// new one renamed into place, the old one removed.
+pub(crate) fn replace_directory(temp: &Path, target: &Path) -> Result<()> {
+    if target.exists() {
+        let old = hidden_sibling(target, "old")?;
+        std::fs::rename(target, &old).map_err(Error::io(target))?;
+        if let Err(e) = std::fs::rename(temp, target) {
+            // Put the previous output back rather than leave none.
+            let _ = std::fs::rename(&old, target);
+            return Err(Error::io(target)(e));
+        }
+        std::fs::remove_dir_all(&old).map_err(Error::io(&old))
+    } else {
+        std::fs::rename(temp, target).map_err(Error::io(target))
     }
 }
 
@@ -335,13 +342,7 @@ fn publish(remote: &RemoteTarget, files: &[PathBuf], single_file: bool) -> Resul
 }
 
 fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let staging = target.join(&format!(
-        "_idem-staging-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let staging = staging_prefix(target);
     let mut staged = Vec::new();
     for file in files {
         let uploaded = file
@@ -364,9 +365,29 @@ fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathB
             }
         }
     }
+    publish_staged(target, &staged)
+}
+
+/// A new hidden prefix under `target` to stage a directory output's objects in.
+pub(crate) fn staging_prefix(target: &RemoteLocation) -> RemoteLocation {
+    target.join(&format!(
+        "_idem-staging-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ))
+}
+
+/// Copies objects staged under a hidden prefix of `target` into place under their names,
+/// deletes the previous output's other objects, then the staged copies.
+pub(crate) fn publish_staged(
+    target: &RemoteLocation,
+    staged: &[(String, RemoteLocation)],
+) -> Result<Vec<PathBuf>> {
     let previous = target.objects_below()?;
     let mut published = Vec::new();
-    for (name, object) in &staged {
+    for (name, object) in staged {
         let destination = target.join(name);
         object.copy_to(&destination)?;
         published.push(destination);
@@ -377,7 +398,7 @@ fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathB
             old.delete()?;
         }
     }
-    for (_, object) in &staged {
+    for (_, object) in staged {
         object.delete()?;
     }
     Ok(published.iter().map(RemoteLocation::display_path).collect())

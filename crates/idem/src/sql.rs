@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -51,6 +51,27 @@ impl ObjectStoreRegistry for StorageRegistry {
     }
 }
 
+/// A runtime whose object stores are built from URLs as idem's inputs are (environment and
+/// `storage`), with a spilling memory pool of `memory_limit` bytes when given.
+///
+/// # Errors
+/// The runtime cannot be built.
+pub(crate) fn storage_runtime(
+    memory_limit: Option<u64>,
+    storage: &StorageOptions,
+) -> Result<Arc<RuntimeEnv>> {
+    let mut runtime =
+        RuntimeEnvBuilder::new().with_object_store_registry(Arc::new(StorageRegistry {
+            known: DefaultObjectStoreRegistry::new(),
+            options: storage.clone(),
+        }));
+    if let Some(limit) = memory_limit {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
+    }
+    Ok(runtime.build_arc()?)
+}
+
 /// What a statement produced.
 #[derive(Debug)]
 pub enum SqlOutput {
@@ -74,18 +95,9 @@ pub enum SqlOutput {
 /// # Errors
 /// The runtime cannot be built, or a `DATAFUSION_*` variable does not parse.
 pub fn session(memory_limit: Option<u64>, storage: &StorageOptions) -> Result<SessionContext> {
-    let mut runtime =
-        RuntimeEnvBuilder::new().with_object_store_registry(Arc::new(StorageRegistry {
-            known: DefaultObjectStoreRegistry::new(),
-            options: storage.clone(),
-        }));
-    if let Some(limit) = memory_limit {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
-    }
     let ctx = SessionContext::new_with_config_rt(
         SessionConfig::from_env()?.with_information_schema(true),
-        runtime.build_arc()?,
+        storage_runtime(memory_limit, storage)?,
     )
     .enable_url_table();
     idem_datafusion::register(&ctx);
@@ -93,12 +105,17 @@ pub fn session(memory_limit: Option<u64>, storage: &StorageOptions) -> Result<Se
 }
 
 #[cfg(feature = "ballista")]
-async fn cluster_session(url: &str) -> Result<SessionContext> {
-    Ok(idem_ballista::remote(url, SessionConfig::from_env()?).await?)
+async fn cluster_session(url: &str, storage: &StorageOptions) -> Result<SessionContext> {
+    Ok(idem_ballista::remote_with_runtime(
+        url,
+        SessionConfig::from_env()?,
+        storage_runtime(None, storage)?,
+    )
+    .await?)
 }
 
 #[cfg(not(feature = "ballista"))]
-async fn cluster_session(url: &str) -> Result<SessionContext> {
+async fn cluster_session(url: &str, _storage: &StorageOptions) -> Result<SessionContext> {
     Err(Error::InvalidArgument(format!(
         "--cluster {url}: this idem was built without the `ballista` feature"
     )))
@@ -165,7 +182,7 @@ pub fn run_sql_on(
     let (output, plan) = runtime.block_on(async {
         let ctx = match cluster {
             None => session(memory_limit, storage)?,
-            Some(url) => cluster_session(url).await?,
+            Some(url) => cluster_session(url, storage).await?,
         };
         let plan = ctx.sql(query).await?.create_physical_plan().await?;
         let task = ctx.task_ctx();

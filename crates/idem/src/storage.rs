@@ -621,6 +621,11 @@ impl RemoteFile {
         self.location.display_path()
     }
 
+    /// The object's URL.
+    pub fn url(&self) -> String {
+        self.location.url()
+    }
+
     fn fetch(&self, start: u64, length: u64) -> std::io::Result<Bytes> {
         let end = (start + length).min(self.size);
         if start >= end {
