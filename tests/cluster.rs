@@ -427,3 +427,56 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+#[cfg(feature = "cloud")]
+#[test]
+fn a_cluster_reads_and_writes_object_storage_with_credentials_from_its_environment() {
+    // The scheduler and executors get the S3 server's endpoint and credentials the way a
+    // deployment gives them: in their environment (here, inherited from scripts/test.sh).
+    let Some(prefix) = common::s3_prefix("cluster") else {
+        return;
+    };
+    let dir = TempDir::new().expect("tmp");
+    let events = format!("{prefix}/events");
+    let generated = idem()
+        .args([
+            "generate", "-o", &events, "--rows", "200000", "--files", "4",
+        ])
+        .output()
+        .expect("generate");
+    assert!(generated.status.success(), "{generated:?}");
+    let cluster = start_cluster(dir.path(), 2, "10s");
+
+    let out = format!("{prefix}/out");
+    let stats = dedup(&[
+        &events,
+        "--op",
+        "op",
+        "-o",
+        &out,
+        "--cluster",
+        &cluster.url,
+        "--partitions",
+        "3",
+    ])
+    .expect("cluster run on S3");
+    let local = dir.path().join("local");
+    let local_stats = dedup(&[&events, "--op", "op", "-o", p(&local)]).expect("local run");
+    assert_eq!(counts(&stats), counts(&local_stats), "{stats}");
+    let files: Vec<&str> = stats["output_files"]
+        .as_array()
+        .expect("output_files")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(files.len(), 3, "{stats}");
+    assert!(files.iter().all(|f| f.starts_with(&out)), "{files:?}");
+
+    // The parts on S3 hold the local run's rows: deduplicated again, nothing changes.
+    let back = dir.path().join("back");
+    let back_stats = dedup(&[&out, "-o", p(&back)]).expect("read back");
+    assert_eq!(back_stats["input_files"].as_u64(), Some(3), "{back_stats}");
+    assert_eq!(back_stats["duplicates"].as_u64(), Some(0));
+    assert_eq!(back_stats["superseded"].as_u64(), Some(0));
+    assert_eq!(sorted_rows(&back), sorted_rows(&local));
+}

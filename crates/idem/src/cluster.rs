@@ -10,8 +10,8 @@
 //! fails leaves the previous output untouched and its staging directory removed.
 //!
 //! The same rows as a local `idem dedup`: the key, version, tie and delete semantics are
-//! the same kernels, and the position of each row in the input (file, then row) decides
-//! ties as locally. Files differ from a local run's only in how rows are spread over
+//! the same kernels, and the position of each row in the scan (DataFusion groups files in
+//! sorted path order, a local run's order for a directory) decides ties. Files differ from a local run's only in how rows are spread over
 //! parts; for given inputs and `--partitions`, the parts are the same bytes every run.
 
 use std::path::{Path, PathBuf};
@@ -316,7 +316,7 @@ pub fn run_dedup_on_cluster(
     Ok(report)
 }
 
-/// scan of the inputs (in input order, with the unified schema) → dedup → parts.
+/// scan of the inputs (with the unified schema) → dedup → parts.
 async fn write_plan(
     ctx: &SessionContext,
     urls: &[String],
