@@ -308,6 +308,33 @@ fn a_two_executor_cluster_writes_the_rows_of_a_local_run_in_deterministic_parts(
         assert_eq!(rows.num_rows(), 20_000);
     }
 
+    // A job that fails on the executors (a conflicting tie under --on-tie error) commits
+    // nothing: the previous output stays as it was and no staging is left behind.
+    let previous = dir.path().join("ties-first");
+    let before: Vec<Vec<u8>> = part_files(&previous)
+        .iter()
+        .map(|f| std::fs::read(f).expect("part"))
+        .collect();
+    let failed = dedup(&[
+        p(&ties),
+        "--on-tie",
+        "error",
+        "-o",
+        p(&previous),
+        "--cluster",
+        &cluster.url,
+        "--partitions",
+        "3",
+    ])
+    .expect_err("a conflicting tie");
+    assert!(failed.contains("conflicting rows for key"), "{failed}");
+    let after: Vec<Vec<u8>> = part_files(&previous)
+        .iter()
+        .map(|f| std::fs::read(f).expect("part"))
+        .collect();
+    assert!(before == after, "a failed job changed the output");
+    assert_no_staging(&previous);
+
     // What a cluster cannot do is refused before anything runs.
     let refused = dedup(&[
         p(&input),
