@@ -124,6 +124,14 @@ fn part_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The bytes of each part of a directory output, in name order.
+fn part_bytes(dir: &Path) -> Vec<Vec<u8>> {
+    part_files(dir)
+        .iter()
+        .map(|f| std::fs::read(f).expect("part"))
+        .collect()
+}
+
 /// Every row of a directory of parts, sorted by the key: the same set of rows in any
 /// layout compares equal.
 fn sorted_rows(dir: &Path) -> RecordBatch {
@@ -241,16 +249,10 @@ fn a_two_executor_cluster_writes_the_rows_of_a_local_run_in_deterministic_parts(
     assert_no_staging(&first);
 
     // Again, over the first output: the same parts, byte for byte, replacing it whole.
-    let before: Vec<Vec<u8>> = parts
-        .iter()
-        .map(|f| std::fs::read(f).expect("part"))
-        .collect();
+    let before = part_bytes(&first);
     let again_stats = dedup(&cluster_args(&input, &first, &cluster.url)).expect("second run");
     assert_eq!(counts(&again_stats), counts(&first_stats));
-    let after: Vec<Vec<u8>> = part_files(&first)
-        .iter()
-        .map(|f| std::fs::read(f).expect("part"))
-        .collect();
+    let after = part_bytes(&first);
     assert!(before == after, "a re-run wrote different parts");
     assert_no_staging(&first);
 
@@ -311,10 +313,7 @@ fn a_two_executor_cluster_writes_the_rows_of_a_local_run_in_deterministic_parts(
     // A job that fails on the executors (a conflicting tie under --on-tie error) commits
     // nothing: the previous output stays as it was and no staging is left behind.
     let previous = dir.path().join("ties-first");
-    let before: Vec<Vec<u8>> = part_files(&previous)
-        .iter()
-        .map(|f| std::fs::read(f).expect("part"))
-        .collect();
+    let before = part_bytes(&previous);
     let failed = dedup(&[
         p(&ties),
         "--on-tie",
@@ -328,10 +327,7 @@ fn a_two_executor_cluster_writes_the_rows_of_a_local_run_in_deterministic_parts(
     ])
     .expect_err("a conflicting tie");
     assert!(failed.contains("conflicting rows for key"), "{failed}");
-    let after: Vec<Vec<u8>> = part_files(&previous)
-        .iter()
-        .map(|f| std::fs::read(f).expect("part"))
-        .collect();
+    let after = part_bytes(&previous);
     assert!(before == after, "a failed job changed the output");
     assert_no_staging(&previous);
 
