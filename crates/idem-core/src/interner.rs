@@ -1,22 +1,26 @@
 //! Interning keys into dense slot numbers.
 //!
 //! ```text
-//!   batch rows ──hash_rows──▶ [h0 h1 h2 …]          (one u64 per row, column at a time)
-//!        │                        │
-//!        └──encode_rows──▶ key bytes per row        (generic table only)
-//!                                 │
-//!   HashTable<(hash, slot)> ◀──probe: hash equal AND stored key equal──▶ slot
+//!   batch rows ──encode_compact_rows──▶ key bytes per row ──xxh3──▶ hash per row
+//!                                               │                     │
+//!   HashTable<(slot, hash32)> ◀──probe: hash32 equal AND stored key equal──▶ slot
 //!        │ miss                                          │
 //!        └──▶ append key to the arena, new slot = len    └──▶ slots[row]
 //! ```
 //!
-//! Two tables share that shape: a generic one storing each distinct key's encoded bytes in
-//! one arena, and one for a single fixed-width key of at most 8 bytes that stores the value
-//! as a `u64` and skips the encoding.
+//! Two tables share that shape: a generic one storing each distinct key's compact bytes in
+//! an arena of fixed-size blocks, and one for a single fixed-width key of at most 8 bytes
+//! that stores the value as a `u64` and skips the encoding.
+//!
+//! Memory is what limits a dedup, so every byte per key counts: a table entry is 8 bytes
+//! (the slot and 32 bits of its hash, enough to grow the table without touching the keys
+//! and to skip most full comparisons); the arena grows a block at a time, never doubling;
+//! keys are encoded compactly (UUID text in 16 bytes, small integers in one).
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
-use crate::key::{KeyColumns, KeyRows};
+use crate::key::{KeyColumns, KeyRows, hash_bytes, mix};
 
 /// Maps keys to dense slot numbers `0..len()`, in order of first appearance.
 #[derive(Debug)]
@@ -28,11 +32,11 @@ pub enum KeyInterner {
 }
 
 impl KeyInterner {
-    /// Assigns a slot to every row of `keys` (hashes from [`KeyColumns::hash_rows`]).
-    pub fn intern(&mut self, keys: &KeyColumns, hashes: &[u64], slots: &mut Vec<u32>) {
+    /// Assigns a slot to every row of `keys`.
+    pub fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
         match self {
-            Self::Rows(table) => table.intern(keys, hashes, slots),
-            Self::Narrow(table) => table.intern(keys, hashes, slots),
+            Self::Rows(table) => table.intern(keys, slots),
+            Self::Narrow(table) => table.intern(keys, slots),
         }
     }
 
@@ -58,40 +62,131 @@ impl KeyInterner {
     }
 }
 
-/// The generic table: distinct keys' encoded bytes in one arena.
+/// The 64-bit hash the table probes with, rebuilt from the 32 bits an entry keeps: the
+/// multiplication spreads them over the high bits hashbrown takes its tags from, while the
+/// low bits (bucket index) stay a bijection of the hash's.
+#[inline]
+fn table_hash(hash32: u32) -> u64 {
+    u64::from(hash32).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The 32 bits of a 64-bit key hash that a table entry keeps.
+#[inline]
+fn short_hash(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// Largest size of an arena block (the first blocks are smaller, so that a small table
+/// stays small). Keys never straddle blocks; a key of a block or more gets a block of its
+/// own.
+const BLOCK_BITS: u32 = 20;
+const BLOCK: usize = 1 << BLOCK_BITS;
+const FIRST_BLOCK: usize = 4096;
+/// Bits of a key's length in its location; the largest value means "the whole block".
+const LENGTH_BITS: u32 = 20;
+const WHOLE_BLOCK: usize = (1 << LENGTH_BITS) - 1;
+
+/// Distinct keys' bytes, packed into blocks that are allocated once at their full size:
+/// the arena grows by at most one block at a time, never by copying itself.
+#[derive(Debug, Default)]
+struct KeyArena {
+    blocks: Vec<Vec<u8>>,
+    /// Bytes allocated by the blocks.
+    allocated: usize,
+    /// Per slot: block index, offset in the block and length, packed into 64 bits.
+    locations: Vec<u64>,
+}
+
+impl KeyArena {
+    /// Stores a key as the next slot's.
+    fn push(&mut self, key: &[u8]) {
+        let location = if key.len() >= WHOLE_BLOCK {
+            self.add_block(key.len());
+            let index = self.blocks.len() - 1;
+            self.blocks[index].extend_from_slice(key);
+            // Full, so the next key starts a fresh block.
+            self.locate(index, 0, WHOLE_BLOCK)
+        } else {
+            let fits = self
+                .blocks
+                .last()
+                .is_some_and(|b| b.len() < BLOCK && b.capacity() - b.len() >= key.len());
+            if !fits {
+                // Doubling the arena's size up to a full block: few blocks for a small
+                // table, little unused room at any size.
+                self.add_block(self.allocated.clamp(FIRST_BLOCK, BLOCK).max(key.len()));
+            }
+            let index = self.blocks.len() - 1;
+            let block = &mut self.blocks[index];
+            let offset = block.len();
+            block.extend_from_slice(key);
+            self.locate(index, offset, key.len())
+        };
+        self.locations.push(location);
+    }
+
+    fn add_block(&mut self, capacity: usize) {
+        self.blocks.push(Vec::with_capacity(capacity));
+        self.allocated += capacity;
+    }
+
+    fn locate(&self, block: usize, offset: usize, len: usize) -> u64 {
+        ((block as u64) << (BLOCK_BITS + LENGTH_BITS))
+            | ((offset as u64) << LENGTH_BITS)
+            | len as u64
+    }
+
+    #[inline]
+    fn get(&self, slot: u32) -> &[u8] {
+        let location = self.locations[slot as usize];
+        let block = &self.blocks[(location >> (BLOCK_BITS + LENGTH_BITS)) as usize];
+        let offset = ((location >> LENGTH_BITS) as usize) & (BLOCK - 1);
+        match (location as usize) & WHOLE_BLOCK {
+            WHOLE_BLOCK => block,
+            len => &block[offset..offset + len],
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.locations.len()
+    }
+
+    fn size(&self) -> usize {
+        self.allocated
+            + self.blocks.capacity() * size_of::<Vec<u8>>()
+            + self.locations.capacity() * size_of::<u64>()
+    }
+}
+
+/// The generic table: distinct keys' compact encodings in a block arena.
 #[derive(Debug, Default)]
 pub struct RowInterner {
-    table: HashTable<(u64, u32)>,
-    arena: Vec<u8>,
-    /// `arena[ends[slot - 1]..ends[slot]]` is a slot's key.
-    ends: Vec<usize>,
+    table: HashTable<(u32, u32)>,
+    arena: KeyArena,
     rows: KeyRows,
 }
 
 impl RowInterner {
-    fn key(&self, slot: u32) -> &[u8] {
-        let slot = slot as usize;
-        let start = if slot == 0 { 0 } else { self.ends[slot - 1] };
-        &self.arena[start..self.ends[slot]]
-    }
-
-    fn intern(&mut self, keys: &KeyColumns, hashes: &[u64], slots: &mut Vec<u32>) {
-        keys.encode_rows(&mut self.rows);
+    fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
+        keys.encode_compact_rows(&mut self.rows);
         slots.clear();
-        slots.reserve(hashes.len());
-        for (row, &hash) in hashes.iter().enumerate() {
-            let key = self.rows.row(row);
-            let found = self
-                .table
-                .find(hash, |&(h, slot)| h == hash && self.key(slot) == key)
-                .map(|&(_, slot)| slot);
-            let slot = match found {
-                Some(slot) => slot,
-                None => {
-                    let slot = self.ends.len() as u32;
-                    self.arena.extend_from_slice(key);
-                    self.ends.push(self.arena.len());
-                    self.table.insert_unique(hash, (hash, slot), |&(h, _)| h);
+        slots.reserve(keys.num_rows());
+        let Self { table, arena, rows } = self;
+        for row in 0..keys.num_rows() {
+            let key = rows.row(row);
+            let hash32 = short_hash(hash_bytes(key));
+            let hash = table_hash(hash32);
+            let entry = table.entry(
+                hash,
+                |&(slot, h)| h == hash32 && arena.get(slot) == key,
+                |&(_, h)| table_hash(h),
+            );
+            let slot = match entry {
+                Entry::Occupied(found) => found.get().0,
+                Entry::Vacant(vacant) => {
+                    let slot = arena.len() as u32;
+                    arena.push(key);
+                    vacant.insert((slot, hash32));
                     slot
                 }
             };
@@ -100,20 +195,18 @@ impl RowInterner {
     }
 
     fn len(&self) -> usize {
-        self.ends.len()
+        self.arena.len()
     }
 
     fn size(&self) -> usize {
-        self.table.allocation_size()
-            + self.arena.capacity()
-            + self.ends.capacity() * size_of::<usize>()
+        self.table.allocation_size() + self.arena.size()
     }
 }
 
 /// The table for one fixed-width key of at most 8 bytes, stored as `u64` bits.
 #[derive(Debug, Default)]
 pub struct NarrowInterner {
-    table: HashTable<(u64, u32)>,
+    table: HashTable<(u32, u32)>,
     /// Each slot's key bits; the null key's slot (not in `table`) holds 0.
     values: Vec<u64>,
     null_slot: Option<u32>,
@@ -121,11 +214,11 @@ pub struct NarrowInterner {
 }
 
 impl NarrowInterner {
-    fn intern(&mut self, keys: &KeyColumns, hashes: &[u64], slots: &mut Vec<u32>) {
+    fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
         keys.narrow_values(&mut self.scratch);
         slots.clear();
-        slots.reserve(hashes.len());
-        for (&value, &hash) in self.scratch.iter().zip(hashes) {
+        slots.reserve(self.scratch.len());
+        for &value in &self.scratch {
             let next = self.values.len() as u32;
             let slot = match value {
                 None => *self.null_slot.get_or_insert_with(|| {
@@ -133,14 +226,18 @@ impl NarrowInterner {
                     next
                 }),
                 Some(bits) => {
-                    let values = &self.values;
-                    match self.table.find(hash, |&(h, slot)| {
-                        h == hash && values[slot as usize] == bits
-                    }) {
-                        Some(&(_, slot)) => slot,
-                        None => {
-                            self.values.push(bits);
-                            self.table.insert_unique(hash, (hash, next), |&(h, _)| h);
+                    let hash32 = short_hash(mix(bits));
+                    let hash = table_hash(hash32);
+                    let values = &mut self.values;
+                    match self.table.entry(
+                        hash,
+                        |&(slot, h)| h == hash32 && values[slot as usize] == bits,
+                        |&(_, h)| table_hash(h),
+                    ) {
+                        Entry::Occupied(found) => found.get().0,
+                        Entry::Vacant(vacant) => {
+                            values.push(bits);
+                            vacant.insert((next, hash32));
                             next
                         }
                     }
@@ -156,5 +253,124 @@ impl NarrowInterner {
 
     fn size(&self) -> usize {
         self.table.allocation_size() + self.values.capacity() * size_of::<u64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+    use arrow::datatypes::Field;
+
+    use super::*;
+    use crate::key::KeyLayout;
+
+    fn slots_of(interner: &mut RowInterner, columns: Vec<ArrayRef>) -> Vec<u32> {
+        let fields: Vec<Field> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Field::new(format!("k{i}"), c.data_type().clone(), true))
+            .collect();
+        let keys = KeyLayout::try_new(&fields)
+            .and_then(|layout| layout.canonicalise(&columns))
+            .expect("key columns");
+        let mut slots = Vec::new();
+        interner.intern(&keys, &mut slots);
+        slots
+    }
+
+    #[test]
+    fn uuid_text_packs_but_stays_distinct_from_other_spellings() {
+        let lower = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        let upper = "0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0";
+        let mixed = "0f1e2d3c-4b5a-6978-8796-A5B4C3D2E1F0";
+        let digits = "01234567-8901-2345-6789-012345678901";
+        let values = [
+            Some(lower),
+            Some(upper),
+            Some(mixed),
+            Some(digits),
+            None,
+            Some(""),
+        ]
+        .repeat(2);
+        let mut interner = RowInterner::default();
+        let slots = slots_of(
+            &mut interner,
+            vec![Arc::new(StringArray::from(values)) as ArrayRef],
+        );
+        assert_eq!(slots, vec![0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]);
+        // The canonical spellings take a tag and 16 bytes.
+        assert_eq!(interner.arena.get(0).len(), 17);
+        assert_eq!(interner.arena.get(2).len(), 1 + 1 + 36);
+    }
+
+    #[test]
+    fn integers_of_every_size_and_sign_are_distinct_keys() {
+        let values: Vec<Option<i64>> = [0, 1, -1, 63, 64, -64, -65, 127, 128, i64::MAX, i64::MIN]
+            .into_iter()
+            .map(Some)
+            .chain([None])
+            .collect();
+        let mut interner = RowInterner::default();
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["a"; values.len()]));
+        let ints: ArrayRef = Arc::new(Int64Array::from(values.clone()));
+        let first = slots_of(&mut interner, vec![Arc::clone(&text), Arc::clone(&ints)]);
+        assert_eq!(first, (0..values.len() as u32).collect::<Vec<_>>());
+        let again = slots_of(&mut interner, vec![text, ints]);
+        assert_eq!(again, first);
+        assert_eq!(
+            interner.arena.get(0).len(),
+            (1 + 1 + 1) + (1 + 1),
+            "a one-letter string and a zero take five bytes"
+        );
+    }
+
+    #[test]
+    fn keys_fill_blocks_and_huge_keys_get_their_own() {
+        let mut arena = KeyArena::default();
+        let small = vec![7u8; 1000];
+        let huge = vec![9u8; BLOCK + 5];
+        let edge = vec![3u8; WHOLE_BLOCK];
+        for _ in 0..2000 {
+            arena.push(&small);
+        }
+        arena.push(&huge);
+        arena.push(&edge);
+        arena.push(&small);
+        assert_eq!(arena.len(), 2003);
+        assert!((0..2000).all(|slot| arena.get(slot) == small.as_slice()));
+        assert_eq!(arena.get(2000), huge.as_slice());
+        assert_eq!(arena.get(2001), edge.as_slice());
+        assert_eq!(arena.get(2002), small.as_slice());
+        // Blocks double up to their largest size: little room is left unused, at most in
+        // the block the huge keys interrupted and in the last one.
+        let stored = 2001 * small.len() + huge.len() + edge.len();
+        assert!(
+            arena.allocated < stored + 2 * BLOCK,
+            "{} for {stored}",
+            arena.allocated
+        );
+        let mut tiny = KeyArena::default();
+        tiny.push(b"k");
+        assert_eq!(tiny.allocated, FIRST_BLOCK);
+    }
+
+    #[test]
+    fn many_keys_survive_the_table_growing() {
+        let n = 300_000;
+        let mut interner = RowInterner::default();
+        let ids: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).map(|i| format!("key-{i}")),
+        ));
+        let first = slots_of(&mut interner, vec![Arc::clone(&ids)]);
+        assert_eq!(first, (0..n).collect::<Vec<u32>>());
+        let reversed: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).rev().map(|i| format!("key-{i}")),
+        ));
+        let again = slots_of(&mut interner, vec![reversed]);
+        assert_eq!(again, (0..n).rev().collect::<Vec<u32>>());
+        assert_eq!(interner.len(), n as usize);
     }
 }

@@ -28,7 +28,7 @@ const NULL_HASH: u64 = 0x6e75_6c6c_6e75_6c6c;
 
 /// Mixes 64 bits into a well-distributed hash (a folded 64×64→128 multiply).
 #[inline]
-fn mix(value: u64) -> u64 {
+pub(crate) fn mix(value: u64) -> u64 {
     let product = u128::from(value ^ SEED).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
     (product as u64) ^ ((product >> 64) as u64)
 }
@@ -40,7 +40,7 @@ fn combine(running: u64, column_hash: u64) -> u64 {
 }
 
 #[inline]
-fn hash_bytes(bytes: &[u8]) -> u64 {
+pub(crate) fn hash_bytes(bytes: &[u8]) -> u64 {
     XxHash3_64::oneshot_with_seed(SEED, bytes)
 }
 
@@ -396,6 +396,30 @@ impl KeyColumns {
         }
     }
 
+    /// Encodes every row's key as short byte strings whose equality is key equality, for
+    /// keys held in memory by the thousands of millions (never written anywhere: the
+    /// encoding may change between versions, unlike [`Self::encode_rows`]'s).
+    ///
+    /// Per column, a tag byte, then: for 4- and 8-byte values, the zig-zag varint of the
+    /// value (small integers take one byte); for other fixed widths, the bytes; for byte
+    /// strings in the canonical text form of a UUID (36 characters, one letter case),
+    /// the 16 bytes it spells; for other byte strings, a varint length and the bytes. Every
+    /// column's code is prefix-free and the tag tells the forms apart, so distinct keys
+    /// never share an encoding.
+    pub fn encode_compact_rows(&self, rows: &mut KeyRows) {
+        let columns: Vec<CompactColumn<'_>> = self.columns.iter().map(CompactColumn::of).collect();
+        rows.data.clear();
+        rows.offsets.clear();
+        rows.offsets.reserve(self.num_rows + 1);
+        rows.offsets.push(0);
+        for row in 0..self.num_rows {
+            for column in &columns {
+                column.encode(row, &mut rows.data);
+            }
+            rows.offsets.push(rows.data.len());
+        }
+    }
+
     /// For a single fixed-width key of at most 8 bytes: each row's value as `u64` bits, or
     /// `None` for a null.
     pub(crate) fn narrow_values(&self, out: &mut Vec<Option<u64>>) {
@@ -427,6 +451,175 @@ impl KeyColumns {
                 NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
             })
             .map_or(0, |nulls| nulls.null_count())
+    }
+}
+
+/// Tags of [`KeyColumns::encode_compact_rows`].
+const TAG_NULL: u8 = 0;
+const TAG_VALUE: u8 = 1;
+const TAG_UUID_LOWER: u8 = 2;
+const TAG_UUID_UPPER: u8 = 3;
+
+/// One canonical column, read a row at a time by [`KeyColumns::encode_compact_rows`].
+enum CompactColumn<'a> {
+    Fixed {
+        bytes: Buffer,
+        width: usize,
+        nulls: Option<&'a NullBuffer>,
+    },
+    Utf8(&'a arrow::array::StringArray),
+    LargeUtf8(&'a arrow::array::LargeStringArray),
+    Utf8View(&'a arrow::array::StringViewArray),
+    Binary(&'a arrow::array::BinaryArray),
+    LargeBinary(&'a arrow::array::LargeBinaryArray),
+    BinaryView(&'a arrow::array::BinaryViewArray),
+}
+
+impl<'a> CompactColumn<'a> {
+    fn of(array: &'a ArrayRef) -> Self {
+        match ColumnView::of(array) {
+            ColumnView::Fixed {
+                bytes,
+                width,
+                nulls,
+            } => Self::Fixed {
+                bytes,
+                width,
+                nulls,
+            },
+            ColumnView::Var(array) => match array.data_type() {
+                DataType::LargeUtf8 => Self::LargeUtf8(array.as_string::<i64>()),
+                DataType::Utf8View => Self::Utf8View(array.as_string_view()),
+                DataType::Binary => Self::Binary(array.as_binary::<i32>()),
+                DataType::LargeBinary => Self::LargeBinary(array.as_binary::<i64>()),
+                DataType::BinaryView => Self::BinaryView(array.as_binary_view()),
+                // `KeyLayout::canonicalise` admits no other variable-width type.
+                _ => Self::Utf8(array.as_string::<i32>()),
+            },
+        }
+    }
+
+    #[inline]
+    fn encode(&self, row: usize, out: &mut Vec<u8>) {
+        macro_rules! bytes {
+            ($array:expr) => {{
+                let array = $array;
+                array
+                    .is_valid(row)
+                    .then(|| -> &[u8] { array.value(row).as_ref() })
+            }};
+        }
+        let value = match self {
+            Self::Fixed {
+                bytes,
+                width,
+                nulls,
+            } => {
+                if nulls.is_some_and(|n| n.is_null(row)) {
+                    out.push(TAG_NULL);
+                    return;
+                }
+                out.push(TAG_VALUE);
+                let value = &bytes.as_slice()[row * width..(row + 1) * width];
+                match *width {
+                    4 => {
+                        let v =
+                            i64::from(i32::from_le_bytes([value[0], value[1], value[2], value[3]]));
+                        push_varint(((v << 1) ^ (v >> 63)) as u64, out);
+                    }
+                    8 => {
+                        let v = narrow_bits(value) as i64;
+                        push_varint(((v << 1) ^ (v >> 63)) as u64, out);
+                    }
+                    _ => out.extend_from_slice(value),
+                }
+                return;
+            }
+            Self::Utf8(a) => bytes!(a),
+            Self::LargeUtf8(a) => bytes!(a),
+            Self::Utf8View(a) => bytes!(a),
+            Self::Binary(a) => bytes!(a),
+            Self::LargeBinary(a) => bytes!(a),
+            Self::BinaryView(a) => bytes!(a),
+        };
+        match value {
+            None => out.push(TAG_NULL),
+            Some(text) => match pack_uuid(text) {
+                Some((tag, packed)) => {
+                    out.push(tag);
+                    out.extend_from_slice(&packed);
+                }
+                None => {
+                    out.push(TAG_VALUE);
+                    push_varint(text.len() as u64, out);
+                    out.extend_from_slice(text);
+                }
+            },
+        }
+    }
+}
+
+/// LEB128: seven bits a byte, low first, the high bit set on all but the last byte.
+#[inline]
+fn push_varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// [`HEX_DIGITS`] marks: a lower-case letter, an upper-case letter, not a hex digit.
+const LOWER_LETTER: u8 = 0x10;
+const UPPER_LETTER: u8 = 0x20;
+const NOT_HEX: u8 = 0x80;
+
+/// Per byte: its hex value in the low nibble, and the marks above.
+const HEX_DIGITS: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut c = 0;
+    while c < 10 {
+        table[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        table[b'a' as usize + c] = (10 + c as u8) | LOWER_LETTER;
+        table[b'A' as usize + c] = (10 + c as u8) | UPPER_LETTER;
+        c += 1;
+    }
+    table
+};
+
+/// Where the 32 hex digits of a canonical UUID text sit (`8-4-4-4-12`).
+const UUID_DIGITS: [usize; 32] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15, 16, 17, 19, 20, 21, 22, 24, 25, 26, 27, 28, 29,
+    30, 31, 32, 33, 34, 35,
+];
+
+/// The 16 bytes spelt by `text` if it is a UUID in canonical text form
+/// (`8-4-4-4-12` hex digits) with letters of one case, and the tag of that case; digits
+/// alone count as lower case, so every text has exactly one encoding.
+#[inline]
+fn pack_uuid(text: &[u8]) -> Option<(u8, [u8; 16])> {
+    if text.len() != 36 || [text[8], text[13], text[18], text[23]] != [b'-'; 4] {
+        return None;
+    }
+    let mut packed = [0u8; 16];
+    let mut marks = 0u8;
+    for (byte, pair) in packed.iter_mut().zip(UUID_DIGITS.chunks_exact(2)) {
+        let high = HEX_DIGITS[usize::from(text[pair[0]])];
+        let low = HEX_DIGITS[usize::from(text[pair[1]])];
+        marks |= high | low;
+        *byte = (high << 4) | (low & 0x0f);
+    }
+    if marks & NOT_HEX != 0 {
+        return None;
+    }
+    match (marks & LOWER_LETTER != 0, marks & UPPER_LETTER != 0) {
+        (_, false) => Some((TAG_UUID_LOWER, packed)),
+        (false, true) => Some((TAG_UUID_UPPER, packed)),
+        (true, true) => None,
     }
 }
 

@@ -1,20 +1,23 @@
 //! The keep-max table: one pass over key and version columns decides every key's winner.
 //!
 //! Per distinct key (a dense *slot* from the [`KeyInterner`]) the table keeps only what
-//! deciding needs — never the rows themselves:
+//! deciding needs — never the rows themselves, and 18 bytes beside the key for a 64-bit
+//! version:
 //!
 //! ```text
-//!   slot │ winner position │ version bytes │ ties │ generation │ tombstone
-//!   ─────┼─────────────────┼───────────────┼──────┼────────────┼──────────
-//!     0  │ 17              │ 01 80…05      │ 1    │ 0          │ no
-//!     1  │ 3               │ 01 80…09      │ 0    │ 2          │ yes
+//!   slot │ winner position │ version bytes │ flags
+//!   ─────┼─────────────────┼───────────────┼──────────────────
+//!     0  │ 17              │ 01 80…05      │ tied
+//!     1  │ 3               │ 01 80…09      │ tombstone
 //! ```
 //!
 //! A row with a higher version than its slot's replaces the winner (the old winner and its
-//! ties become *superseded*, and the generation moves on); a lower one is superseded at
-//! once; an equal one is a *tie*, resolved by [`TiePolicy`]. Positions are the rows'
-//! ordinals across all batches, so the caller can fetch the winning rows afterwards
-//! (late materialisation) and emit them in input order.
+//! ties become *superseded*); a lower one is superseded at once; an equal one is a *tie*,
+//! resolved by [`TiePolicy`]. Ties are rare, so they live in a log of events rather than
+//! in per-key counters: each tie appends the row (and, the first time, the row it ties
+//! with), and a higher version arriving at a tied key appends a reset that voids the key's
+//! earlier events. Positions are the rows' ordinals across all batches, so the caller can
+//! fetch the winning rows afterwards (late materialisation) and emit them in input order.
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::{Field, Schema};
@@ -35,12 +38,20 @@ pub struct TieRow {
     pub group: u32,
 }
 
+/// A tie, or a reset, in the order they happened.
 #[derive(Debug, Clone, Copy)]
 struct TieEvent {
     slot: u32,
-    generation: u32,
+    /// The tied row's position, or [`RESET`].
     position: u64,
 }
+
+/// A tie event's position meaning "a higher version voided this slot's ties so far".
+const RESET: u64 = u64::MAX;
+/// Slot flag: the winner is a delete.
+const TOMBSTONE: u8 = 1;
+/// Slot flag: the current version has ties (its events are in the log).
+const TIED: u8 = 2;
 
 /// Decides, per key, which row has the maximum version. See the module docs.
 #[derive(Debug)]
@@ -51,19 +62,15 @@ pub struct KeepMaxTable {
     interner: KeyInterner,
     winner: Vec<u64>,
     version: Vec<u8>,
-    ties: Vec<u32>,
-    generation: Vec<u32>,
-    tombstone: Vec<bool>,
+    flags: Vec<u8>,
     tie_events: Vec<TieEvent>,
     rows_in: u64,
-    superseded: u64,
     null_keys: u64,
     scratch: Scratch,
 }
 
 #[derive(Debug, Default)]
 struct Scratch {
-    hashes: Vec<u64>,
     slots: Vec<u32>,
     versions: Vec<u8>,
     tombstones: Vec<bool>,
@@ -117,12 +124,9 @@ impl KeepMaxTable {
             interner,
             winner: Vec::new(),
             version: Vec::new(),
-            ties: Vec::new(),
-            generation: Vec::new(),
-            tombstone: Vec::new(),
+            flags: Vec::new(),
             tie_events: Vec::new(),
             rows_in: 0,
-            superseded: 0,
             null_keys: 0,
             scratch: Scratch::default(),
         })
@@ -153,9 +157,7 @@ impl KeepMaxTable {
         self.interner.size()
             + self.winner.capacity() * 8
             + self.version.capacity()
-            + self.ties.capacity() * 4
-            + self.generation.capacity() * 4
-            + self.tombstone.capacity()
+            + self.flags.capacity()
             + self.tie_events.capacity() * size_of::<TieEvent>()
     }
 
@@ -225,9 +227,7 @@ impl KeepMaxTable {
         } else {
             scratch.tombstones.resize(num_rows, false);
         }
-        keys.hash_rows(&mut scratch.hashes);
-        self.interner
-            .intern(&keys, &scratch.hashes, &mut scratch.slots);
+        self.interner.intern(&keys, &mut scratch.slots);
         self.null_keys += keys.rows_with_null() as u64;
 
         let width = self.versions.width();
@@ -235,43 +235,43 @@ impl KeepMaxTable {
         for (row, &slot) in scratch.slots.iter().enumerate() {
             let position = position_of(row);
             let incoming = &scratch.versions[row * width..(row + 1) * width];
-            let tombstone = scratch.tombstones[row];
+            let tombstone = if scratch.tombstones[row] {
+                TOMBSTONE
+            } else {
+                0
+            };
             let s = slot as usize;
             if s == self.winner.len() {
                 self.winner.push(position);
                 self.version.extend_from_slice(incoming);
-                self.ties.push(0);
-                self.generation.push(0);
-                self.tombstone.push(tombstone);
+                self.flags.push(tombstone);
                 continue;
             }
             let current = &mut self.version[s * width..(s + 1) * width];
             match incoming.cmp(current) {
-                std::cmp::Ordering::Less => self.superseded += 1,
+                // Superseded rows are counted at the end: every row not a winner or a tie.
+                std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Greater => {
                     current.copy_from_slice(incoming);
-                    self.superseded += 1 + u64::from(self.ties[s]);
-                    self.ties[s] = 0;
-                    self.generation[s] += 1;
+                    if self.flags[s] & TIED != 0 {
+                        self.tie_events.push(TieEvent {
+                            slot,
+                            position: RESET,
+                        });
+                    }
+                    self.flags[s] = tombstone;
                     self.winner[s] = position;
-                    self.tombstone[s] = tombstone;
                 }
                 std::cmp::Ordering::Equal => {
-                    let generation = self.generation[s];
-                    if self.ties[s] == 0 {
+                    if self.flags[s] & TIED == 0 {
                         // The row that set this version joins the tie group too.
                         self.tie_events.push(TieEvent {
                             slot,
-                            generation,
                             position: self.winner[s],
                         });
+                        self.flags[s] |= TIED;
                     }
-                    self.tie_events.push(TieEvent {
-                        slot,
-                        generation,
-                        position,
-                    });
-                    self.ties[s] += 1;
+                    self.tie_events.push(TieEvent { slot, position });
                     // By position, not arrival: rows of several partitions may arrive
                     // interleaved, and the first (last) in input order must still win.
                     let replaces = if last_wins {
@@ -281,7 +281,7 @@ impl KeepMaxTable {
                     };
                     if replaces {
                         self.winner[s] = position;
-                        self.tombstone[s] = tombstone;
+                        self.flags[s] = TIED | tombstone;
                     }
                 }
             }
@@ -298,34 +298,39 @@ impl KeepMaxTable {
             .deletes
             .as_ref()
             .is_some_and(|d| d.keep_tombstones);
-        let mut keep = Vec::with_capacity(self.winner.len());
-        let mut deleted = 0;
-        let mut tombstones_kept = 0;
-        for (&position, &tombstone) in self.winner.iter().zip(&self.tombstone) {
-            if !tombstone {
-                keep.push(position);
-            } else if keep_tombstones {
-                keep.push(position);
-                tombstones_kept += 1;
-            } else {
-                deleted += 1;
+        let Self {
+            interner,
+            mut winner,
+            version,
+            flags,
+            tie_events,
+            rows_in,
+            null_keys,
+            ..
+        } = self;
+        drop((interner, version));
+        let distinct_keys = winner.len() as u64;
+
+        // Walking the log backwards, a reset voids every earlier event of its slot.
+        let mut voided = Vec::new();
+        let mut current: Vec<TieEvent> = Vec::new();
+        for event in tie_events.iter().rev() {
+            let slot = event.slot as usize;
+            if event.position == RESET {
+                if voided.is_empty() {
+                    voided = vec![false; winner.len()];
+                }
+                voided[slot] = true;
+            } else if !voided.get(slot).copied().unwrap_or(false) {
+                current.push(*event);
             }
         }
-        keep.sort_unstable();
-
-        let mut group_of_slot = vec![
-            u32::MAX;
-            if self.tie_events.is_empty() {
-                0
-            } else {
-                self.winner.len()
-            }
-        ];
+        drop(tie_events);
+        current.reverse();
+        let mut group_of_slot = vec![u32::MAX; if current.is_empty() { 0 } else { winner.len() }];
         let mut groups = 0u32;
-        let mut tie_rows: Vec<TieRow> = self
-            .tie_events
+        let mut tie_rows: Vec<TieRow> = current
             .iter()
-            .filter(|e| self.generation[e.slot as usize] == e.generation)
             .map(|e| {
                 let group = &mut group_of_slot[e.slot as usize];
                 if *group == u32::MAX {
@@ -339,21 +344,36 @@ impl KeepMaxTable {
             })
             .collect();
         tie_rows.sort_unstable_by_key(|t| t.position);
+        // Each group holds the winner and its duplicates.
+        let duplicates = (current.len() - groups as usize) as u64;
 
-        let duplicates: u64 = self.ties.iter().map(|&t| u64::from(t)).sum();
-        let distinct_keys = self.winner.len() as u64;
+        // The winners' vector becomes the list of positions to keep, in place.
+        let (mut kept, mut deleted, mut tombstones_kept) = (0, 0, 0);
+        for slot in 0..winner.len() {
+            if flags[slot] & TOMBSTONE != 0 {
+                if !keep_tombstones {
+                    deleted += 1;
+                    continue;
+                }
+                tombstones_kept += 1;
+            }
+            winner[kept] = winner[slot];
+            kept += 1;
+        }
+        winner.truncate(kept);
+        winner.sort_unstable();
         Resolution {
-            keep,
+            keep: winner,
             tie_rows,
             tie_groups: groups,
             stats: DedupStats {
-                rows_in: self.rows_in,
+                rows_in,
                 rows_out: distinct_keys - deleted,
                 duplicates,
-                superseded: self.superseded,
+                superseded: rows_in - distinct_keys - duplicates,
                 deleted,
                 conflicts: 0,
-                null_keys: self.null_keys,
+                null_keys,
                 distinct_keys,
                 tombstones_kept,
             },

@@ -25,6 +25,9 @@ enum KeyType {
     Int,
     Text,
     Uuid,
+    /// UUIDs as text, in lower, upper or mixed case: spellings of one UUID in different
+    /// cases are different keys.
+    UuidText,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -45,10 +48,32 @@ enum Cells {
 }
 
 fn key_cells(rng: &mut SplitMix64, ty: KeyType, n: usize, domain: u64, null_pct: u64) -> Cells {
+    if let KeyType::UuidText = ty {
+        let spellings: Vec<(Option<u64>, u64)> = (0..n)
+            .map(|_| {
+                (
+                    (!rng.chance(null_pct)).then(|| rng.below(domain)),
+                    rng.below(3),
+                )
+            })
+            .collect();
+        let spell = |(value, case): (Option<u64>, u64)| {
+            value.map(|v| {
+                let text = format!("{v:08x}-0000-4000-8000-00000000a{:03x}", v % 3);
+                match case {
+                    0 => text,
+                    1 => text.to_uppercase(),
+                    _ => text.replacen('a', "A", 1),
+                }
+            })
+        };
+        return Cells::Text(spellings.into_iter().map(spell).collect());
+    }
     let mut pick = || (!rng.chance(null_pct)).then(|| rng.below(domain));
     match ty {
         KeyType::Int => Cells::Int((0..n).map(|_| pick().map(|v| v as i64 - 3)).collect()),
         KeyType::Text => Cells::Text((0..n).map(|_| pick().map(|v| format!("k{v}"))).collect()),
+        KeyType::UuidText => unreachable!("handled above"),
         KeyType::Uuid => Cells::Uuid(
             (0..n)
                 .map(|_| pick().map(|v| (u128::from(v) * 0x1234_5678_9abc).to_le_bytes()))
@@ -141,7 +166,12 @@ struct Case {
 }
 
 fn draw_case(rng: &mut SplitMix64) -> Case {
-    let key_types = [KeyType::Int, KeyType::Text, KeyType::Uuid];
+    let key_types = [
+        KeyType::Int,
+        KeyType::Text,
+        KeyType::Uuid,
+        KeyType::UuidText,
+    ];
     let version_types = [
         VersionType::Signed,
         VersionType::Unsigned,
@@ -151,7 +181,7 @@ fn draw_case(rng: &mut SplitMix64) -> Case {
     let num_keys = 1 + rng.below(2) as usize;
     let num_versions = rng.below(3) as usize; // 0: every row of a key ties
     let keys: Vec<KeyType> = (0..num_keys)
-        .map(|_| key_types[rng.below(3) as usize])
+        .map(|_| key_types[rng.below(4) as usize])
         .collect();
     let versions: Vec<VersionType> = (0..num_versions)
         .map(|_| version_types[rng.below(4) as usize])

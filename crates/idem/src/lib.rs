@@ -23,6 +23,7 @@
 
 #[cfg(feature = "ballista")]
 pub mod cluster;
+mod columns;
 mod decide;
 mod dedup;
 mod duration;

@@ -27,10 +27,10 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
+use crate::columns::ParallelWriter;
 use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteLocation, StorageOptions};
 
@@ -50,7 +50,7 @@ pub struct OutputWriter {
     single_file: bool,
     schema: SchemaRef,
     max_rows_per_file: usize,
-    writer: Option<ArrowWriter<File>>,
+    writer: Option<ParallelWriter>,
     /// Rows not yet handed to the Parquet writer, fewer than [`WRITE_CHUNK_ROWS`].
     pending: Vec<RecordBatch>,
     pending_rows: usize,
@@ -208,12 +208,9 @@ impl OutputWriter {
                 .join(format!("part-{:05}.parquet", self.files.len()))
         };
         let file = File::create(&path).map_err(Error::io(&path))?;
-        let writer = ArrowWriter::try_new(
-            file,
-            std::sync::Arc::clone(&self.schema),
-            Some(writer_properties()),
-        )
-        .map_err(Error::parquet(&path))?;
+        let writer =
+            ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), writer_properties())
+                .map_err(Error::parquet(&path))?;
         self.writer = Some(writer);
         self.files.push(path);
         self.rows_in_part = 0;
