@@ -1,37 +1,51 @@
-//! Criterion micro-benchmarks of the dedup kernels: the keep-max table over prepared
-//! batches, per key shape, with the specialised single-integer table and the generic
-//! encoded-bytes table side by side. The end-to-end comparison with other tools is a
-//! separate suite.
+//! Criterion micro-benchmarks of the dedup kernels over prepared batches, per key shape
+//! (integer, UUID text, dictionary of UUID text, text + integer), distinct-key ratio and
+//! share of null keys:
+//!
+//! * `key_hash` — hashing the key columns and encoding them for the key table;
+//! * `keep_max_update` — the keep-max table (probe / insert, keep-max update, finish), the
+//!   specialised single-integer table and the generic encoded-bytes one side by side;
+//! * `winners` — the whole in-memory dedup, winning rows materialised.
+//!
+//! The end-to-end comparison with other tools is a separate suite (`peers.py`).
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, DictionaryArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int32Type;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_core::key::{KeyLayout, KeyRows};
 use idem_core::rng::SplitMix64;
-use idem_core::{DedupSpec, KeepMaxTable};
+use idem_core::{DedupSpec, KeepMaxTable, dedup_batches};
 
 const ROWS: usize = 1 << 20;
 const BATCH: usize = 8192;
 
-/// `ROWS` rows in batches, keys drawn from `distinct` values, with the given key shape.
-fn batches(shape: &str, distinct: u64) -> Vec<RecordBatch> {
+const SHAPES: [&str; 4] = ["int", "string", "dictionary", "string+int"];
+
+/// `ROWS` rows in batches, keys drawn from `distinct` values with `null_pct` % nulls, with
+/// the given key shape.
+fn batches(shape: &str, distinct: u64, null_pct: u64) -> Vec<RecordBatch> {
     let mut rng = SplitMix64::new(7);
     (0..ROWS / BATCH)
         .map(|_| {
-            let ids: Vec<u64> = (0..BATCH).map(|_| rng.below(distinct)).collect();
+            let ids: Vec<Option<u64>> = (0..BATCH)
+                .map(|_| (!rng.chance(null_pct)).then(|| rng.below(distinct)))
+                .collect();
             let lsn: ArrayRef = Arc::new(Int64Array::from_iter_values(
                 (0..BATCH).map(|_| rng.below(1000) as i64),
             ));
-            let text = || -> Vec<String> {
+            let text = || -> Vec<Option<String>> {
                 ids.iter()
-                    .map(|i| format!("{:08x}-4e1c-8f00-{:012x}", i, i * 31))
+                    .map(|i| i.map(|i| format!("{:08x}-4e1c-8f00-0000-{:012x}", i, i * 31)))
                     .collect()
             };
             let mut columns: Vec<(&str, ArrayRef)> = match shape {
                 "int" => vec![(
                     "id",
-                    Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| i as i64))),
+                    Arc::new(Int64Array::from_iter(
+                        ids.iter().map(|i| i.map(|i| i as i64)),
+                    )),
                 )],
                 "string" => vec![("id", Arc::new(StringArray::from(text())))],
                 "dictionary" => vec![(
@@ -39,7 +53,7 @@ fn batches(shape: &str, distinct: u64) -> Vec<RecordBatch> {
                     Arc::new(
                         text()
                             .iter()
-                            .map(String::as_str)
+                            .map(Option::as_deref)
                             .collect::<DictionaryArray<Int32Type>>(),
                     ),
                 )],
@@ -48,7 +62,7 @@ fn batches(shape: &str, distinct: u64) -> Vec<RecordBatch> {
                     (
                         "seq",
                         Arc::new(Int64Array::from_iter_values(
-                            ids.iter().map(|&i| (i % 3) as i64),
+                            ids.iter().map(|i| i.map_or(0, |i| (i % 3) as i64)),
                         )),
                     ),
                 ],
@@ -59,19 +73,71 @@ fn batches(shape: &str, distinct: u64) -> Vec<RecordBatch> {
         .collect()
 }
 
+fn key_columns(shape: &str) -> Vec<&'static str> {
+    if shape == "string+int" {
+        vec!["id", "seq"]
+    } else {
+        vec!["id"]
+    }
+}
+
+fn key_hash(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key_hash");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(10);
+    for shape in SHAPES {
+        let input = batches(shape, 700_000, 0);
+        let schema = input[0].schema();
+        let names = key_columns(shape);
+        let fields: Vec<_> = names
+            .iter()
+            .map(|n| schema.field_with_name(n).expect("key").clone())
+            .collect();
+        let layout = KeyLayout::try_new(&fields).expect("layout");
+        let columns: Vec<Vec<ArrayRef>> = input
+            .iter()
+            .map(|b| {
+                names
+                    .iter()
+                    .map(|n| Arc::clone(b.column_by_name(n).expect("key")))
+                    .collect()
+            })
+            .collect();
+        group.bench_with_input(BenchmarkId::new("hash", shape), &columns, |b, columns| {
+            let mut hashes = Vec::new();
+            b.iter(|| {
+                for batch in columns {
+                    layout
+                        .canonicalise(batch)
+                        .expect("keys")
+                        .hash_rows(&mut hashes);
+                }
+                hashes.len()
+            });
+        });
+        group.bench_with_input(BenchmarkId::new("encode", shape), &columns, |b, columns| {
+            let mut rows = KeyRows::default();
+            b.iter(|| {
+                for batch in columns {
+                    layout
+                        .canonicalise(batch)
+                        .expect("keys")
+                        .encode_compact_rows(&mut rows);
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
 fn keep_max(c: &mut Criterion) {
     let mut group = c.benchmark_group("keep_max_update");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(10);
-    for shape in ["int", "string", "dictionary", "string+int"] {
-        for distinct in [1_000u64, 700_000] {
-            let input = batches(shape, distinct);
-            let keys: Vec<&str> = if shape == "string+int" {
-                vec!["id", "seq"]
-            } else {
-                vec!["id"]
-            };
-            let spec = DedupSpec::new(keys, ["lsn"]);
+    for shape in SHAPES {
+        for (distinct, null_pct) in [(1_000u64, 0), (700_000, 0), (700_000, 10)] {
+            let input = batches(shape, distinct, null_pct);
+            let spec = DedupSpec::new(key_columns(shape), ["lsn"]);
             let schema = input[0].schema();
             let tables: &[(&str, bool)] = if shape == "int" {
                 &[("narrow", false), ("generic", true)]
@@ -79,7 +145,8 @@ fn keep_max(c: &mut Criterion) {
                 &[("generic", true)]
             };
             for &(table_kind, generic) in tables {
-                let id = BenchmarkId::new(format!("{shape}/{table_kind}"), distinct);
+                let id =
+                    BenchmarkId::new(format!("{shape}/{table_kind}/nulls-{null_pct}%"), distinct);
                 group.bench_with_input(id, &input, |b, input| {
                     b.iter(|| {
                         let mut table = KeepMaxTable::try_new(&schema, &spec).expect("table");
@@ -98,5 +165,27 @@ fn keep_max(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, keep_max);
+fn winners(c: &mut Criterion) {
+    let mut group = c.benchmark_group("winners");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(10);
+    for distinct in [1_000u64, 700_000] {
+        let input = batches("string+int", distinct, 0);
+        let spec = DedupSpec::new(key_columns("string+int"), ["lsn"]);
+        let schema = input[0].schema();
+        group.bench_with_input(
+            BenchmarkId::new("string+int", distinct),
+            &input,
+            |b, input| {
+                b.iter(|| {
+                    let (out, _) = dedup_batches(&schema, input, &spec).expect("dedup");
+                    out.iter().map(RecordBatch::num_rows).sum::<usize>()
+                });
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, key_hash, keep_max, winners);
 criterion_main!(benches);

@@ -1,20 +1,32 @@
 """Wall time and peak memory of idem against its peers on the same files and job.
 
-Every engine keeps, per (key) group, the row with the greatest version and writes the
-result as zstd Parquet. Engines run alternately, each run a separate process measured
-with wait4 (so peak RSS is that process's own), for several rounds; the table gives the
-median wall time, CPU time, the largest peak RSS, output rows and the ratio to idem.
+Every engine keeps, per key, the row with the greatest version and writes the result as
+zstd Parquet; the two floor engines copy every row with no dedup. Engines run
+alternately, each run a separate process measured with wait4 (so peak RSS is that
+process's own), for several rounds. After the rounds, every engine's last output is read
+back with DuckDB: row count and an order-independent checksum of all columns (each value
+as text, in column-name order, hashed; summed over rows) must equal idem's.
 
-  idem            `idem dedup` (two passes, late materialisation)
-  idem-sql        `idem sql` with the dedup() table function (DedupExec in DataFusion)
-  df-distinct-on  DataFusion (same binary): SELECT DISTINCT ON (...) ... ORDER BY ... DESC
-  df-row-number   DataFusion: row_number() OVER (PARTITION BY ... ORDER BY ... DESC) = 1
-  duckdb          DuckDB: QUALIFY row_number() ... = 1, threads = 2   (if importable)
-  polars          Polars: sort by version descending, unique on key  (if importable)
+  idem                `idem dedup` (two passes, late materialisation)
+  idem-sql            `idem sql` with the dedup() table function (DedupExec in DataFusion)
+  df-distinct-on      DataFusion (same binary): SELECT DISTINCT ON (...) ... ORDER BY ... DESC
+  df-row-number       DataFusion: row_number() OVER (PARTITION BY ... ORDER BY ... DESC) = 1
+  duckdb-qualify      DuckDB: QUALIFY row_number() OVER (...) = 1      (threads = 2)
+  duckdb-arg-max      DuckDB: arg_max(row, version) GROUP BY key
+  duckdb-distinct-on  DuckDB: DISTINCT ON (key) ... ORDER BY key, version DESC
+  polars-unique       Polars: sort by version descending, unique(key, keep='first')
+  polars-group-by     Polars: group_by(key).agg(all().sort_by(version).last())
+  floor-idem          I/O floor: idem's reader and writer copying every row
+                      (crates/idem/examples/copy.rs; give its binary with --copy)
+  floor-duckdb        I/O floor: DuckDB COPY (SELECT * FROM read_parquet(...)) TO ...
+
+The table gives wall median (min-max), CPU seconds (median), the largest peak RSS, rows
+out, the ratio to the first engine and to the faster I/O floor.
 
 Usage:
-  python benches/peers.py IDEM_BINARY INPUT_DIR [--rounds N] [--engines a,b,...]
-                          [--key event_id,sequence] [--version lsn]
+  python benches/peers.py IDEM_BINARY INPUT_DIR [--copy COPY_BINARY] [--sql-binary BINARY]
+                          [--rounds N]
+                          [--engines a,b,...] [--key event_id,sequence] [--version lsn]
                           [--memory-limit SIZE] [--timeout SECONDS]
 
 A run that fails (out of memory, timeout, error) is reported as such, and its engine is
@@ -33,27 +45,53 @@ import time
 
 DUCKDB = """
 import duckdb, sys
-inputs, out, keys, version = sys.argv[1:5]
+inputs, out, keys, version, variant = sys.argv[1:6]
 con = duckdb.connect()
 con.execute("SET threads = 2")
-con.execute(f'''COPY (
-    SELECT * FROM read_parquet('{inputs}/*.parquet')
-    QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {version} DESC) = 1
-) TO '{out}' (FORMAT parquet, COMPRESSION zstd)''')
+source = f"read_parquet('{inputs}/*.parquet')"
+query = {
+    "qualify": f"SELECT * FROM {source} "
+               f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {version} DESC) = 1",
+    "arg-max": f"SELECT unnest(winner) FROM (SELECT arg_max(t, {version}) AS winner "
+               f"FROM {source} t GROUP BY {keys})",
+    "distinct-on": f"SELECT DISTINCT ON ({keys}) * FROM {source} ORDER BY {keys}, {version} DESC",
+    "copy": f"SELECT * FROM {source}",
+}[variant]
+con.execute(f"COPY ({query}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
 """
 
 POLARS = """
 import polars as pl, sys
-inputs, out, keys, version = sys.argv[1:5]
-(pl.scan_parquet(f"{inputs}/*.parquet")
-   .sort(version, descending=True)
-   .unique(subset=keys.split(","), keep="first")
-   .sink_parquet(out, compression="zstd"))
+inputs, out, keys, version, variant = sys.argv[1:6]
+keys = keys.split(",")
+frame = pl.scan_parquet(f"{inputs}/*.parquet")
+if variant == "unique":
+    frame = frame.sort(version, descending=True).unique(subset=keys, keep="first")
+else:
+    frame = frame.group_by(keys).agg(pl.all().sort_by(version).last())
+frame.sink_parquet(out, compression="zstd")
+"""
+
+CHECKSUM = """
+import duckdb, os, sys
+con = duckdb.connect()
+con.execute("SET threads = 2")
+con.execute("SET enable_progress_bar = false")
+for path in sys.argv[1:]:
+    source = f"read_parquet('{path}/*.parquet')" if os.path.isdir(path) else f"read_parquet('{path}')"
+    names = sorted(r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall())
+    # A null is chr(0), which no text value here holds.
+    row = " || '|' || ".join(f'coalesce(CAST("{n}" AS VARCHAR), chr(0))' for n in names)
+    count, total = con.execute(
+        f"SELECT count(*), sum(hash({row})::HUGEINT) FROM {source}").fetchone()
+    print("checksum", path, count, total)
 """
 
 
-def commands(idem, inputs, out, keys, version):
+def commands(idem, copy, inputs, out, keys, version):
     files = f"'{inputs}/*.parquet'"
+    python = [sys.executable, "-c"]
+    args = [inputs, out, keys, version]
     return {
         "idem": [idem, "dedup", inputs, "-o", out, "-q", "--key", keys, "--version", version],
         "idem-sql": [idem, "sql", f"SELECT * FROM dedup('{inputs}', '{keys}', '{version}')",
@@ -63,13 +101,20 @@ def commands(idem, inputs, out, keys, version):
         "df-row-number": [idem, "sql", "SELECT * EXCLUDE (idem_rn) FROM (SELECT *, row_number() "
                           f"OVER (PARTITION BY {keys} ORDER BY {version} DESC) AS idem_rn "
                           f"FROM {files}) WHERE idem_rn = 1", "-o", out],
-        "duckdb": [sys.executable, "-c", DUCKDB, inputs, out, keys, version],
-        "polars": [sys.executable, "-c", POLARS, inputs, out, keys, version],
+        "duckdb-qualify": python + [DUCKDB] + args + ["qualify"],
+        "duckdb-arg-max": python + [DUCKDB] + args + ["arg-max"],
+        "duckdb-distinct-on": python + [DUCKDB] + args + ["distinct-on"],
+        "polars-unique": python + [POLARS] + args + ["unique"],
+        "polars-group-by": python + [POLARS] + args + ["group-by"],
+        "floor-idem": [copy, inputs, out] if copy else None,
+        "floor-duckdb": python + [DUCKDB] + args + ["copy"],
     }
 
 
-def available(engine):
-    module = {"duckdb": "duckdb", "polars": "polars"}.get(engine)
+def available(engine, copy):
+    if engine == "floor-idem":
+        return copy is not None
+    module = engine.split("-")[0] if engine.startswith(("duckdb", "polars")) else None
     return module is None or importlib.util.find_spec(module) is not None
 
 
@@ -94,36 +139,56 @@ def measure(argv, timeout):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, failure
 
 
-def output_rows(path):
-    if importlib.util.find_spec("pyarrow") is None:
-        return None
-    import pyarrow.parquet as pq
-    paths = [os.path.join(path, f) for f in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
-    return sum(pq.read_metadata(p).num_rows for p in paths)
+def checksums(paths):
+    """{path: (rows, checksum)} of Parquet outputs, read back with DuckDB."""
+    if not paths or importlib.util.find_spec("duckdb") is None:
+        return {}
+    result = subprocess.run([sys.executable, "-c", CHECKSUM, *paths],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        print(f"checksums failed: {result.stderr.strip()[-500:]}", file=sys.stderr)
+    sums = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("checksum "):
+            path, rows, total = line[len("checksum "):].rsplit(" ", 2)
+            sums[path] = (int(rows), total)
+    return sums
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("idem")
     parser.add_argument("inputs")
+    parser.add_argument("--copy", help="binary of crates/idem/examples/copy.rs (floor-idem)")
+    parser.add_argument("--sql-binary", help="idem binary with the `sql` feature for idem-sql "
+                        "and df-* (default: IDEM_BINARY)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--engines", default="idem,idem-sql,df-distinct-on,df-row-number,duckdb,polars")
+    parser.add_argument("--engines", default="idem,idem-sql,df-row-number,duckdb-qualify,"
+                        "duckdb-arg-max,duckdb-distinct-on,polars-unique,polars-group-by,"
+                        "floor-idem,floor-duckdb")
     parser.add_argument("--key", default="event_id,sequence")
     parser.add_argument("--version", default="lsn")
     parser.add_argument("--memory-limit", help="DataFusion memory pool for the SQL engines")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is killed")
     args = parser.parse_args()
-    engines = [e for e in args.engines.split(",") if available(e)]
+    engines = [e for e in args.engines.split(",") if available(e, args.copy)]
     results = {e: [] for e in engines}
-    rows = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("IDEM_BENCH_TMP")) as out:
         failed = {}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
+            last = round_ == args.rounds - 1
             for engine in engines:
                 if engine in failed:
                     continue
                 target = f"{out}/{engine}.parquet"
-                argv = commands(args.idem, args.inputs, target, args.key, args.version)[engine]
+                if os.path.isdir(target):
+                    subprocess.run(["rm", "-rf", target], check=True)
+                elif os.path.exists(target):
+                    os.remove(target)
+                binary = (args.sql_binary or args.idem) if engine.startswith(("idem-sql", "df-")) \
+                    else args.idem
+                argv = commands(binary, args.copy, args.inputs, target, args.key,
+                                args.version)[engine]
                 if args.memory_limit and engine.startswith(("idem-sql", "df-")):
                     argv += ["--memory-limit", args.memory_limit]
                 wall, cpu, rss, failure = measure(argv, args.timeout)
@@ -131,25 +196,44 @@ def main():
                     failed[engine] = (wall, rss, failure)
                     continue
                 results[engine].append((wall, cpu, rss))
-                rows[engine] = output_rows(target)
-                if os.path.isdir(target):
+                # Keep the outputs of the last round for the checksums, and only those:
+                # a 40M-row run writes gigabytes per engine.
+                if not last and os.path.isdir(target):
                     subprocess.run(["rm", "-rf", target], check=True)
-                elif os.path.exists(target):
+                elif not last and os.path.exists(target):
                     os.remove(target)
+        # The measurements first, so that nothing is lost if reading the outputs fails.
+        for engine, runs in results.items():
+            print(engine, " ".join(f"{w:.2f}s/{c:.1f}cpu/{r:.0f}MiB" for w, c, r in runs),
+                  failed.get(engine, ""), flush=True)
+        outputs = {e: f"{out}/{e}.parquet" for e in engines if results[e]}
+        sums = checksums(list(outputs.values()))
+    rows = {e: sums.get(path, (None, None)) for e, path in outputs.items()}
+    reference = rows.get(engines[0], (None, None))
+    floors = [statistics.median(w for w, _, _ in results[e])
+              for e in ("floor-idem", "floor-duckdb") if results.get(e)]
+    floor = min(floors) if floors else None
     base = statistics.median(w for w, _, _ in results[engines[0]])
     print(f"{args.inputs}, {args.rounds} rounds")
-    print(f"{'engine':15} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
-          f"{'rows out':>11} {'x ' + engines[0]:>8}")
+    print(f"{'engine':19} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
+          f"{'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8}")
     for engine, runs in results.items():
         if not runs:
             wall, rss, failure = failed[engine]
-            print(f"{engine:15} failed after {wall:.0f} s at {rss:.0f} MiB peak RSS: {failure}")
+            print(f"{engine:19} failed after {wall:.0f} s at {rss:.0f} MiB peak RSS: {failure}")
             continue
         walls = [w for w, _, _ in runs]
         median = statistics.median(walls)
-        print(f"{engine:15} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
+        count, total = rows[engine]
+        same = ("-" if engine.startswith("floor") or count is None
+                else "yes" if (count, total) == reference else "NO")
+        print(f"{engine:19} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
               f"{statistics.median(c for _, c, _ in runs):>7.1f} {max(r for _, _, r in runs):>13.0f} "
-              f"{rows[engine] if rows[engine] is not None else '?':>11} {median / base:>8.2f}")
+              f"{count if count is not None else '?':>11} {same:>9} {median / base:>8.2f} "
+              f"{median / floor if floor else float('nan'):>8.2f}")
+    if any(rows[e] != reference for e in outputs if not e.startswith("floor")):
+        print("ERROR: engines disagree on the rows (count or checksum)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

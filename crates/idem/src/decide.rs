@@ -20,6 +20,8 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::sync_channel;
 
 use arrow::array::{RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::take_record_batch;
@@ -72,36 +74,170 @@ pub(crate) fn decide(
     );
     let total_rows: u64 = files.iter().map(InputFile::num_rows).sum();
     progress.phase("deciding", total_rows);
-    let mut table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first_path(files)))?;
-    let mut overflow = None;
-    read_decision_columns(files, &decision_schema, |path, batch| {
-        table.update(&batch).map_err(Error::arrow(path))?;
-        progress.advance(batch.num_rows() as u64);
-        let size = table.size();
-        if budget.is_some_and(|b| size > b) {
-            overflow = Some(size as f64 / table.rows_in().max(1) as f64);
-            return Ok(ControlFlow::Break(()));
-        }
-        Ok(ControlFlow::Continue(()))
-    })?;
-    let (Some(bytes_per_row), Some(budget)) = (overflow, budget) else {
-        let table_bytes = table.size() as u64;
-        let resolution = table.finish();
-        return Ok(Decision {
-            selection: Selection::InMemory {
-                keep: resolution.keep,
-                ties: resolution.tie_rows,
-            },
-            tie_groups: resolution.tie_groups,
-            stats: resolution.stats,
-            table_bytes,
-            partitions: 1,
-        });
-    };
-    drop(table);
+    let bytes_per_row =
+        match decide_in_memory(spec, files, schema, &decision_schema, budget, progress)? {
+            InMemory::Decided(decision) => return Ok(decision),
+            InMemory::Overflow { bytes_per_row } => bytes_per_row,
+        };
+    let budget = budget.unwrap_or(usize::MAX);
     let needed = bytes_per_row * total_rows as f64 * PARTITION_HEADROOM;
     let partitions = ((needed / budget.max(1) as f64).ceil() as u32).max(2);
     decide_partitioned(spec, files, &decision_schema, partitions, progress)
+}
+
+/// How the in-memory attempt at pass 1 ended.
+enum InMemory {
+    Decided(Decision),
+    /// The tables outgrew the budget, at this many bytes per row read.
+    Overflow {
+        bytes_per_row: f64,
+    },
+}
+
+/// Pass 1 in memory, the keys split by hash between two tables on two threads: probing a
+/// table of millions of keys is memory-bound and was most of pass 1's time on one thread.
+/// Each table sees its rows in input order with their original positions, so the winners,
+/// ties and counts are exactly those of one table.
+fn decide_in_memory(
+    spec: &DedupSpec,
+    files: &[InputFile],
+    schema: &SchemaRef,
+    decision_schema: &SchemaRef,
+    budget: Option<usize>,
+    progress: &dyn Progress,
+) -> Result<InMemory> {
+    let first = first_path(files);
+    let mut table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
+    let helper_table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
+    let mut router =
+        KeyRouter::try_new(decision_schema, &spec.keys).map_err(Error::arrow(first))?;
+    let helper_bytes = AtomicUsize::new(0);
+    let (outcome, helper) = std::thread::scope(|scope| {
+        let (send, receive) = sync_channel::<(RecordBatch, UInt64Array, PathBuf)>(4);
+        let helper_bytes = &helper_bytes;
+        let helper = scope.spawn(move || -> Result<KeepMaxTable> {
+            let mut table = helper_table;
+            for (batch, positions, path) in receive {
+                table
+                    .update_at(&batch, &positions)
+                    .map_err(Error::arrow(&path))?;
+                helper_bytes.store(table.size(), Ordering::Relaxed);
+            }
+            Ok(table)
+        });
+        // Routing and splitting run on the decoding thread, so that this thread and the
+        // helper only probe their tables.
+        let mut routes = Vec::new();
+        let mut next_position = 0u64;
+        let split = move |path: &Path, batch: RecordBatch| {
+            router
+                .route(&batch, 2, &mut routes)
+                .map_err(Error::arrow(path))?;
+            let [mine, theirs] = split_rows(&routes);
+            let (part, positions) = rows_at(&batch, &theirs, next_position, path)?;
+            send.send((part, positions, path.to_path_buf()))
+                .map_err(|_| Error::InvalidArgument("the second key table stopped".to_owned()))?;
+            let mine = rows_at(&batch, &mine, next_position, path)?;
+            next_position += batch.num_rows() as u64;
+            Ok((mine, batch.num_rows() as u64))
+        };
+        let mut rows_read = 0u64;
+        let mut overflow = None;
+        let outcome = read_decision_columns(
+            files,
+            decision_schema,
+            split,
+            |path, ((part, positions), rows)| {
+                table
+                    .update_at(&part, &positions)
+                    .map_err(Error::arrow(path))?;
+                rows_read += rows;
+                progress.advance(rows);
+                let size = table.size() + helper_bytes.load(Ordering::Relaxed);
+                if budget.is_some_and(|b| size > b) {
+                    overflow = Some(size as f64 / rows_read.max(1) as f64);
+                    return Ok(ControlFlow::Break(()));
+                }
+                Ok(ControlFlow::Continue(()))
+            },
+        );
+        let helper = helper.join().unwrap_or_else(|_| {
+            Err(Error::InvalidArgument(
+                "the second key table's thread panicked".to_owned(),
+            ))
+        });
+        (outcome.map(|()| overflow), helper)
+    });
+    // The helper's own error explains a stop better than the main thread's view of it.
+    let helper = helper?;
+    let overflow = outcome?;
+    if let Some(bytes_per_row) = overflow {
+        return Ok(InMemory::Overflow { bytes_per_row });
+    }
+    let table_bytes = (table.size() + helper.size()) as u64;
+    let (one, two) = (table.finish(), helper.finish());
+    let mut stats = one.stats;
+    stats += two.stats;
+    let tie_groups = one.tie_groups + two.tie_groups;
+    let keep = merge_sorted(one.keep, two.keep, |&p| p);
+    let offset = one.tie_groups;
+    let ties = merge_sorted(
+        one.tie_rows,
+        two.tie_rows
+            .into_iter()
+            .map(|t| TieRow {
+                position: t.position,
+                group: t.group + offset,
+            })
+            .collect(),
+        |t| t.position,
+    );
+    Ok(InMemory::Decided(Decision {
+        selection: Selection::InMemory { keep, ties },
+        tie_groups,
+        stats,
+        table_bytes,
+        partitions: 1,
+    }))
+}
+
+/// The rows of a two-way routing, each list ascending.
+fn split_rows(routes: &[u32]) -> [Vec<u32>; 2] {
+    let mut parts = [
+        Vec::with_capacity(routes.len() / 2 + 64),
+        Vec::with_capacity(routes.len() / 2 + 64),
+    ];
+    for (row, &part) in routes.iter().enumerate() {
+        parts[part as usize & 1].push(row as u32);
+    }
+    parts
+}
+
+/// The rows `rows` of `batch`, and their positions in the input (`first` is the batch's).
+fn rows_at(
+    batch: &RecordBatch,
+    rows: &[u32],
+    first: u64,
+    path: &Path,
+) -> Result<(RecordBatch, UInt64Array)> {
+    let part =
+        take_record_batch(batch, &UInt32Array::from(rows.to_vec())).map_err(Error::arrow(path))?;
+    let positions = UInt64Array::from_iter_values(rows.iter().map(|&r| first + u64::from(r)));
+    Ok((part, positions))
+}
+
+/// Merges two lists ascending by `position` into one.
+fn merge_sorted<T>(one: Vec<T>, two: Vec<T>, position: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut merged = Vec::with_capacity(one.len() + two.len());
+    let mut two = two.into_iter().peekable();
+    for item in one {
+        while let Some(next) = two.next_if(|t| position(t) < position(&item)) {
+            merged.push(next);
+        }
+        merged.push(item);
+    }
+    merged.extend(two);
+    merged
 }
 
 fn first_path(files: &[InputFile]) -> &Path {
@@ -119,12 +255,13 @@ fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
     indices
 }
 
-/// Streams the decision columns of every file, in input order, into `consume`; decoding
-/// runs on a second thread while `consume` works on this one.
-fn read_decision_columns(
+/// Streams the decision columns of every file, in input order, through `prepare` on a
+/// second thread (with the decoding) into `consume` on this one.
+fn read_decision_columns<T: Send>(
     files: &[InputFile],
     decision_schema: &SchemaRef,
-    mut consume: impl FnMut(&Path, RecordBatch) -> Result<ControlFlow<()>>,
+    mut prepare: impl FnMut(&Path, RecordBatch) -> Result<T> + Send,
+    mut consume: impl FnMut(&Path, T) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     let names: Vec<&str> = decision_schema
         .fields()
@@ -142,7 +279,9 @@ fn read_decision_columns(
                     }
                 };
                 for batch in batches {
-                    let item = batch.and_then(|b| conform(&b, decision_schema, true, file.path()));
+                    let item = batch
+                        .and_then(|b| conform(&b, decision_schema, true, file.path()))
+                        .and_then(|b| prepare(file.path(), b));
                     if !send(item.map(|b| (file.path(), b))) {
                         return;
                     }
@@ -200,32 +339,37 @@ fn decide_partitioned(
         KeyRouter::try_new(decision_schema, &spec.keys).map_err(Error::arrow(first_path(files)))?;
     let mut routes = Vec::new();
     let mut next_position = 0u64;
-    read_decision_columns(files, decision_schema, |path, batch| {
-        router
-            .route(&batch, partitions, &mut routes)
-            .map_err(Error::arrow(path))?;
-        let mut columns = batch.columns().to_vec();
-        let n = batch.num_rows() as u64;
-        columns.push(Arc::new(UInt64Array::from_iter_values(
-            next_position..next_position + n,
-        )));
-        next_position += n;
-        let positioned =
-            RecordBatch::try_new(Arc::clone(&spill_schema), columns).map_err(Error::arrow(path))?;
-        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); partitions as usize];
-        for (row, &p) in routes.iter().enumerate() {
-            rows_of[p as usize].push(row as u32);
-        }
-        for ((rows, writer), spill) in rows_of.into_iter().zip(&mut writers).zip(&spill_paths) {
-            if !rows.is_empty() {
-                let part = take_record_batch(&positioned, &UInt32Array::from(rows))
-                    .map_err(Error::arrow(spill))?;
-                writer.write(&part).map_err(Error::arrow(spill))?;
+    read_decision_columns(
+        files,
+        decision_schema,
+        |_, batch| Ok(batch),
+        |path, batch| {
+            router
+                .route(&batch, partitions, &mut routes)
+                .map_err(Error::arrow(path))?;
+            let mut columns = batch.columns().to_vec();
+            let n = batch.num_rows() as u64;
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                next_position..next_position + n,
+            )));
+            next_position += n;
+            let positioned = RecordBatch::try_new(Arc::clone(&spill_schema), columns)
+                .map_err(Error::arrow(path))?;
+            let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); partitions as usize];
+            for (row, &p) in routes.iter().enumerate() {
+                rows_of[p as usize].push(row as u32);
             }
-        }
-        progress.advance(n);
-        Ok(ControlFlow::Continue(()))
-    })?;
+            for ((rows, writer), spill) in rows_of.into_iter().zip(&mut writers).zip(&spill_paths) {
+                if !rows.is_empty() {
+                    let part = take_record_batch(&positioned, &UInt32Array::from(rows))
+                        .map_err(Error::arrow(spill))?;
+                    writer.write(&part).map_err(Error::arrow(spill))?;
+                }
+            }
+            progress.advance(n);
+            Ok(ControlFlow::Continue(()))
+        },
+    )?;
     for (mut writer, path) in writers.into_iter().zip(&spill_paths) {
         writer.finish().map_err(Error::arrow(path))?;
         writer
@@ -403,5 +547,41 @@ impl Selection {
                 Ok(FilePlan::from_sorted(&kept, &tied, start))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_sorted_lists_merge_by_position() {
+        let merged = merge_sorted(vec![1u64, 4, 5, 9], vec![0, 2, 3, 10, 11], |&p| p);
+        assert_eq!(merged, vec![0, 1, 2, 3, 4, 5, 9, 10, 11]);
+        assert_eq!(merge_sorted(Vec::new(), vec![7u64], |&p| p), vec![7]);
+        assert_eq!(merge_sorted(vec![7u64], Vec::new(), |&p| p), vec![7]);
+    }
+
+    #[test]
+    fn rows_split_in_order_with_their_positions() {
+        let [zero, one] = split_rows(&[1, 0, 0, 1, 1]);
+        assert_eq!(
+            (zero.as_slice(), one.as_slice()),
+            (&[1, 2][..], &[0, 3, 4][..])
+        );
+        let batch = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(UInt64Array::from(vec![10u64, 11, 12, 13, 14])) as arrow::array::ArrayRef,
+        )])
+        .expect("batch");
+        let (part, positions) = rows_at(&batch, &one, 100, Path::new("f")).expect("rows");
+        assert_eq!(positions.values().to_vec(), vec![100, 103, 104]);
+        assert_eq!(
+            part.column(0)
+                .as_any()
+                .downcast_ref::<UInt64Array>()
+                .map(|a| a.values().to_vec()),
+            Some(vec![10, 13, 14])
+        );
     }
 }
