@@ -373,7 +373,10 @@ impl ExecutionPlan for WritePartsExec {
             .map_err(|_| DataFusionError::Internal(format!("partition {key_partition}")))?;
         let result = async move {
             let (files, rows) = write_partition(input, &layout, key_partition, &context).await?;
-            let counters = dedup_counters(&plan, partition);
+            // Metrics are kept per partition: a plan shared by several tasks still gives
+            // this task's figures.
+            let (mut counters, _) = idem_datafusion::dedup_counters(&plan, Some(partition));
+            counters.retain(|name, _| DEDUP_COUNTERS.contains(&name.as_str()));
             let mut columns: Vec<ArrayRef> = vec![
                 Arc::new(UInt32Array::from(vec![key_partition])),
                 Arc::new(UInt32Array::from(vec![files])),
@@ -412,26 +415,6 @@ fn global_partition(plan: &Arc<dyn ExecutionPlan>, local: usize) -> Option<usize
         pending.extend(node.children().into_iter().cloned());
     }
     None
-}
-
-/// The counters of the dedup operators below, for one partition (their metrics are kept
-/// per partition, so a plan shared by several tasks still gives this task's figures).
-fn dedup_counters(plan: &Arc<dyn ExecutionPlan>, partition: usize) -> BTreeMap<String, u64> {
-    let mut counters = BTreeMap::new();
-    let mut pending = vec![Arc::clone(plan)];
-    while let Some(node) = pending.pop() {
-        if node.name() == "DedupExec" {
-            for metric in node.metrics().unwrap_or_default().iter() {
-                let value = metric.value();
-                if metric.partition() == Some(partition) && DEDUP_COUNTERS.contains(&value.name()) {
-                    *counters.entry(value.name().to_owned()).or_insert(0) +=
-                        value.as_usize() as u64;
-                }
-            }
-        }
-        pending.extend(node.children().into_iter().cloned());
-    }
-    counters
 }
 
 /// The store and the directory a layout's URL names, from the task's runtime.

@@ -38,11 +38,9 @@ use datafusion::execution::{SpillFile, SpillWriter};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
 };
-use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -115,34 +113,26 @@ pub struct PositionExec {
 /// The file scan below `plan` through filters and projections: each partition's identity,
 /// its first file and where in it the partition starts. Empty without such a scan.
 fn scan_partition_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
-    let mut node = Arc::clone(plan);
-    loop {
-        if let Some(scan) = node
-            .downcast_ref::<DataSourceExec>()
-            .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
-        {
-            return scan
-                .file_groups
-                .iter()
-                .map(|group| match group.files().first() {
-                    Some(file) => format!(
-                        "{}@{}",
-                        file.object_meta.location,
-                        file.range.as_ref().map_or(0, |r| r.start)
-                    ),
-                    None => String::new(),
-                })
-                .collect();
-        }
-        let children = node.children();
-        match children.as_slice() {
-            [child] if node.is::<FilterExec>() || node.is::<ProjectionExec>() => {
-                let child = Arc::clone(child);
-                node = child;
-            }
-            _ => return Vec::new(),
-        }
-    }
+    let Some(node) = crate::late::file_scan_below(plan) else {
+        return Vec::new();
+    };
+    let Some(scan) = node
+        .downcast_ref::<DataSourceExec>()
+        .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+    else {
+        return Vec::new();
+    };
+    scan.file_groups
+        .iter()
+        .map(|group| match group.files().first() {
+            Some(file) => format!(
+                "{}@{}",
+                file.object_meta.location,
+                file.range.as_ref().map_or(0, |r| r.start)
+            ),
+            None => String::new(),
+        })
+        .collect()
 }
 
 impl PositionExec {

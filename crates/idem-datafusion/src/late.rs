@@ -28,6 +28,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -62,15 +63,25 @@ const MAX_KEY_PARTITIONS: u32 = 4096;
 /// Whether `plan` reads the same rows, in the same partitions and order, every time it
 /// runs: a file scan, under nothing but filters and projections.
 pub fn is_rescannable_file_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    if let Some(source) = plan.downcast_ref::<DataSourceExec>() {
-        return source
-            .data_source()
-            .is::<datafusion::datasource::physical_plan::FileScanConfig>();
+    file_scan_below(plan).is_some()
+}
+
+/// The file scan that `plan` is, or reads through filters and projections.
+pub(crate) fn file_scan_below(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    let mut node = Arc::clone(plan);
+    loop {
+        if node
+            .downcast_ref::<DataSourceExec>()
+            .is_some_and(|source| source.data_source().is::<FileScanConfig>())
+        {
+            return Some(node);
+        }
+        let child = match node.children().as_slice() {
+            [child] if node.is::<FilterExec>() || node.is::<ProjectionExec>() => Arc::clone(child),
+            _ => return None,
+        };
+        node = child;
     }
-    if plan.is::<FilterExec>() || plan.is::<ProjectionExec>() {
-        return plan.children().iter().all(|c| is_rescannable_file_scan(c));
-    }
-    false
 }
 
 /// What the decision scan found, shared by every output partition.

@@ -61,6 +61,7 @@
 //! # }
 //! ```
 
+mod counters;
 mod exec;
 mod late;
 mod logical;
@@ -72,6 +73,7 @@ use std::sync::Arc;
 
 use datafusion::prelude::SessionContext;
 
+pub use counters::dedup_counters;
 pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup, plan_shuffled_dedup};
 pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use late::{LateDedupExec, is_rescannable_file_scan};

@@ -8,8 +8,7 @@ use arrow::array::RecordBatch;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
-use datafusion::physical_plan::metrics::MetricValue;
-use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream};
+use datafusion::physical_plan::{collect, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use object_store::ObjectStore;
@@ -206,45 +205,13 @@ pub fn run_sql_on(
         };
         Ok::<_, Error>((output, plan))
     })?;
-    let (dedup, dedup_operators) = dedup_counters(&plan);
+    let (dedup, dedup_operators) = idem_datafusion::dedup_counters(&plan, None);
     Ok(SqlRun {
         output,
         dedup,
         dedup_operators,
         elapsed_seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-/// The counters of every dedup operator in an executed plan, summed by name.
-fn dedup_counters(plan: &Arc<dyn ExecutionPlan>) -> (BTreeMap<String, u64>, usize) {
-    let mut counters = BTreeMap::new();
-    let mut operators = 0;
-    let mut pending = vec![Arc::clone(plan)];
-    while let Some(node) = pending.pop() {
-        if matches!(node.name(), "DedupExec" | "LateDedupExec") {
-            operators += 1;
-            for metric in node
-                .metrics()
-                .unwrap_or_default()
-                .aggregate_by_name()
-                .iter()
-            {
-                let value = metric.value();
-                if matches!(
-                    value,
-                    MetricValue::Count { .. } | MetricValue::OutputRows(_)
-                ) {
-                    let name = match value.name() {
-                        "output_rows" => "rows_out",
-                        other => other,
-                    };
-                    *counters.entry(name.to_owned()).or_insert(0) += value.as_usize() as u64;
-                }
-            }
-        }
-        pending.extend(node.children().into_iter().cloned());
-    }
-    (counters, operators)
 }
 
 /// Rows as a text table, as `datafusion-cli` prints them.
