@@ -129,25 +129,17 @@ impl ParallelWriter {
     /// slower (the reader of pass 2 stalls while a round runs).
     fn encode(&mut self, batch: &RecordBatch) -> Result<()> {
         let fields = self.schema.fields();
-        let work = Mutex::new(
-            self.fields
-                .iter_mut()
-                .zip(fields.iter())
-                .zip(batch.columns()),
-        );
-        let worker = || -> Result<()> {
-            loop {
-                // The lock is held only to take the next column.
-                let next = work.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some(((writers, field), array)) = next else {
-                    return Ok(());
-                };
-                for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, array)?) {
-                    writer.write(&leaf)?;
-                }
+        let columns = self
+            .fields
+            .iter_mut()
+            .zip(fields.iter())
+            .zip(batch.columns());
+        share_out(columns, |((writers, field), array)| {
+            for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, array)?) {
+                writer.write(&leaf)?;
             }
-        };
-        run_on_threads(&worker)
+            Ok(())
+        })
     }
 
     /// Closes the current row group's columns (in parallel) and appends them to the file.
@@ -158,17 +150,10 @@ impl ParallelWriter {
         let columns: Vec<ArrowColumnWriter> = self.fields.drain(..).flatten().collect();
         let closed: Vec<Mutex<Option<Result<ArrowColumnChunk>>>> =
             columns.iter().map(|_| Mutex::new(None)).collect();
-        let work = Mutex::new(columns.into_iter().zip(&closed));
-        let worker = || -> Result<()> {
-            loop {
-                let next = work.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some((column, slot)) = next else {
-                    return Ok(());
-                };
-                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(column.close());
-            }
-        };
-        run_on_threads(&worker)?;
+        share_out(columns.into_iter().zip(&closed), |(column, slot)| {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(column.close());
+            Ok(())
+        })?;
         let mut row_group = self.file.next_row_group()?;
         for slot in closed {
             let chunk = slot
@@ -189,9 +174,23 @@ impl ParallelWriter {
     }
 }
 
-/// Runs `worker` on this thread and [`ENCODING_THREADS`]` - 1` more, and returns the first
-/// error any of them met.
-fn run_on_threads(worker: &(dyn Fn() -> Result<()> + Sync)) -> Result<()> {
+/// Calls `each` on every item, the items taken in turn by whichever of this thread and
+/// [`ENCODING_THREADS`]` - 1` more is free; returns the first error any of them met.
+fn share_out<T: Send>(
+    items: impl Iterator<Item = T> + Send,
+    each: impl Fn(T) -> Result<()> + Sync,
+) -> Result<()> {
+    let queue = Mutex::new(items);
+    let worker = || -> Result<()> {
+        loop {
+            // The lock is held only to take the next item.
+            let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+            let Some(item) = next else {
+                return Ok(());
+            };
+            each(item)?;
+        }
+    };
     std::thread::scope(|scope| {
         let helpers: Vec<_> = (1..ENCODING_THREADS).map(|_| scope.spawn(worker)).collect();
         let mut result = worker();

@@ -134,10 +134,10 @@ fn decide_in_memory(
                 .route(&batch, 2, &mut routes)
                 .map_err(Error::arrow(path))?;
             let [mine, theirs] = split_rows(&routes);
-            let (part, positions) = rows_at(&batch, &theirs, next_position, path)?;
+            let (part, positions) = rows_at(&batch, theirs, next_position, path)?;
             send.send((part, positions, path.to_path_buf()))
                 .map_err(|_| Error::InvalidArgument("the second key table stopped".to_owned()))?;
-            let mine = rows_at(&batch, &mine, next_position, path)?;
+            let mine = rows_at(&batch, mine, next_position, path)?;
             next_position += batch.num_rows() as u64;
             Ok((mine, batch.num_rows() as u64))
         };
@@ -216,13 +216,12 @@ fn split_rows(routes: &[u32]) -> [Vec<u32>; 2] {
 /// The rows `rows` of `batch`, and their positions in the input (`first` is the batch's).
 fn rows_at(
     batch: &RecordBatch,
-    rows: &[u32],
+    rows: Vec<u32>,
     first: u64,
     path: &Path,
 ) -> Result<(RecordBatch, UInt64Array)> {
-    let part =
-        take_record_batch(batch, &UInt32Array::from(rows.to_vec())).map_err(Error::arrow(path))?;
     let positions = UInt64Array::from_iter_values(rows.iter().map(|&r| first + u64::from(r)));
+    let part = take_record_batch(batch, &UInt32Array::from(rows)).map_err(Error::arrow(path))?;
     Ok((part, positions))
 }
 
@@ -574,7 +573,7 @@ mod tests {
             Arc::new(UInt64Array::from(vec![10u64, 11, 12, 13, 14])) as arrow::array::ArrayRef,
         )])
         .expect("batch");
-        let (part, positions) = rows_at(&batch, &one, 100, Path::new("f")).expect("rows");
+        let (part, positions) = rows_at(&batch, one, 100, Path::new("f")).expect("rows");
         assert_eq!(positions.values().to_vec(), vec![100, 103, 104]);
         assert_eq!(
             part.column(0)
