@@ -3,19 +3,26 @@
 //! Encoding and zstd compression of the output are most of a dedup's CPU time, and
 //! `ArrowWriter` does them one column after another on the calling thread. This writer
 //! makes the same calls — each batch's column into that column's writer, row groups closed
-//! at the same rows — but hands the columns of every batch out to two threads, so the file
-//! holds the same bytes as `ArrowWriter` would write, only sooner.
+//! at the same rows — on two threads, so the file holds the same bytes as `ArrowWriter`
+//! would write, only sooner.
 //!
 //! ```text
-//!   batch ──▶ [col 0, col 1, …, col n]  ── next column, whichever thread is free ──▶
-//!             thread A: compute_leaves + ArrowColumnWriter::write   (col 0, col 3, …)
-//!             thread B: compute_leaves + ArrowColumnWriter::write   (col 1, col 2, …)
-//!   row group full ──▶ close every column (in parallel) ──▶ append in column order
+//!   write(batch) ──▶ batches in flight [n, n+1, …]
+//!   either thread: the field furthest behind encodes its next batch
+//!                  (compute_leaves + ArrowColumnWriter::write), or closes its row group
+//!                  at the row group's end; whoever closes a row group's last field
+//!                  appends the group to the file and makes the next group's writers
 //! ```
+//!
+//! No thread waits for the others after each batch: a field that costs more than the rest
+//! (UUID text beside integers) falls a few batches behind while the other thread goes on
+//! with the cheap ones, so both cores stay busy alongside the reader that feeds `write`.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -27,20 +34,88 @@ use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 
-/// Threads encoding columns: the one calling [`ParallelWriter::write`] and one more.
-const ENCODING_THREADS: usize = 2;
+/// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
+/// out batches and, while it would otherwise wait for room, encodes too.
+const HELPER_THREADS: usize = 1;
+/// Batches handed out and not yet encoded by every field: room for one field to lag
+/// behind the others...
+const BATCHES_IN_FLIGHT: usize = 4;
+/// ... unless they hold this many bytes (one batch always goes): with wide rows the lag
+/// buys little, as there are enough columns to share out, and would cost memory.
+const BYTES_IN_FLIGHT: usize = 8 << 20;
 
 /// Writes record batches to one Parquet file, columns encoded in parallel.
 pub(crate) struct ParallelWriter {
-    file: SerializedFileWriter<File>,
-    factory: ArrowRowGroupWriterFactory,
-    schema: SchemaRef,
-    /// The leaf column writers of each top-level field, for the current row group.
-    fields: Vec<Vec<ArrowColumnWriter>>,
-    /// The leaf columns of each top-level field, as indices into the file's columns.
-    leaves: Vec<Range<usize>>,
+    shared: Arc<Shared>,
+    /// The helper threads; joined at [`ParallelWriter::close`], stopped and joined on drop.
+    helpers: Vec<JoinHandle<()>>,
     max_row_group_rows: usize,
     rows_in_group: usize,
+}
+
+/// What the writing threads share.
+struct Shared {
+    schema: SchemaRef,
+    /// The leaf columns of each top-level field, as indices into the file's columns.
+    leaves: Vec<Range<usize>>,
+    state: Mutex<Encoding>,
+    /// Signalled at every change of `state`: a batch handed out, a task done, the end.
+    changed: Condvar,
+    /// Locked by the thread appending a row group (they come one after another: the next
+    /// group's writers are made only after it).
+    file: Mutex<FileOutput>,
+}
+
+struct FileOutput {
+    /// Taken by [`ParallelWriter::close`] to write the footer.
+    writer: Option<SerializedFileWriter<File>>,
+    factory: ArrowRowGroupWriterFactory,
+}
+
+/// The encoding's progress, under [`Shared::state`]'s lock.
+struct Encoding {
+    /// Batches not yet encoded by every field, oldest first, numbered from `first_batch`.
+    batches: VecDeque<RecordBatch>,
+    first_batch: u64,
+    /// The memory of `batches`.
+    batch_bytes: usize,
+    fields: Vec<FieldEncoder>,
+    /// Row groups not yet appended to the file, oldest first: the number of the batch
+    /// each ends before, and each field's closed column chunks once it has closed them.
+    groups: VecDeque<(u64, Vec<Option<Vec<ArrowColumnChunk>>>)>,
+    /// Row groups appended to the file, `groups[0]`'s number.
+    groups_appended: u64,
+    /// The first error a thread met, for [`ParallelWriter`] to return.
+    error: Option<ParquetError>,
+    /// Set on an error, or when the writer is dropped: the threads stop.
+    stopped: bool,
+    /// No more batches will come: the helpers end once nothing is left to do.
+    finished: bool,
+}
+
+/// One top-level field's writers and how far they have got.
+struct FieldEncoder {
+    /// The leaf writers of the field's current row group; `None` while a thread has them,
+    /// and from the field's closing a row group until the group is in the file and the
+    /// next group's writers are made (one set of writers at a time: each holds a zstd
+    /// context).
+    writers: Option<Vec<ArrowColumnWriter>>,
+    /// The number of the next batch to encode.
+    next_batch: u64,
+    /// Row groups this field has closed.
+    groups_closed: u64,
+}
+
+/// Work for a thread, taken from [`Encoding`] with the field's writers.
+enum Task {
+    Encode(usize, RecordBatch, Vec<ArrowColumnWriter>),
+    Close(usize, Vec<ArrowColumnWriter>),
+}
+
+/// A finished [`Task`], to put back into [`Encoding`].
+enum Done {
+    Encoded(usize, Vec<ArrowColumnWriter>),
+    Closed(usize, Vec<ArrowColumnChunk>),
 }
 
 impl ParallelWriter {
@@ -81,31 +156,48 @@ impl ParallelWriter {
                 schema.fields().len()
             )));
         }
-        let mut writer = Self {
-            file,
-            factory,
+        let fields = split_by_field(factory.create_column_writers(0)?, &leaves)
+            .into_iter()
+            .map(|writers| FieldEncoder {
+                writers: Some(writers),
+                next_batch: 0,
+                groups_closed: 0,
+            })
+            .collect();
+        let shared = Arc::new(Shared {
             schema,
-            fields: Vec::new(),
             leaves,
+            state: Mutex::new(Encoding {
+                batches: VecDeque::new(),
+                first_batch: 0,
+                batch_bytes: 0,
+                fields,
+                groups: VecDeque::new(),
+                groups_appended: 0,
+                error: None,
+                stopped: false,
+                finished: false,
+            }),
+            changed: Condvar::new(),
+            file: Mutex::new(FileOutput {
+                writer: Some(file),
+                factory,
+            }),
+        });
+        let mut writer = Self {
+            shared: Arc::clone(&shared),
+            helpers: Vec::with_capacity(HELPER_THREADS),
             max_row_group_rows,
             rows_in_group: 0,
         };
-        writer.start_row_group()?;
+        for _ in 0..HELPER_THREADS {
+            let shared = Arc::clone(&shared);
+            let helper = std::thread::Builder::new()
+                .name("idem-encode".to_owned())
+                .spawn(move || shared.help())?;
+            writer.helpers.push(helper);
+        }
         Ok(writer)
-    }
-
-    fn start_row_group(&mut self) -> Result<()> {
-        let mut columns = self
-            .factory
-            .create_column_writers(self.file.flushed_row_groups().len())?
-            .into_iter();
-        self.fields = self
-            .leaves
-            .iter()
-            .map(|range| columns.by_ref().take(range.len()).collect())
-            .collect();
-        self.rows_in_group = 0;
-        Ok(())
     }
 
     /// Appends `batch`, closing row groups at the row count the properties give.
@@ -114,94 +206,304 @@ impl ParallelWriter {
         while offset < batch.num_rows() {
             let take =
                 (self.max_row_group_rows - self.rows_in_group).min(batch.num_rows() - offset);
-            self.encode(&batch.slice(offset, take))?;
+            self.hand_out(batch.slice(offset, take))?;
             self.rows_in_group += take;
             offset += take;
             if self.rows_in_group == self.max_row_group_rows {
-                self.flush_row_group()?;
+                self.end_row_group();
             }
         }
         Ok(())
     }
 
-    /// Every column of `batch` into its writers, the columns shared out between threads.
-    /// Shared per batch, not per row group: gathering rows for longer rounds was measured
-    /// slower (the reader of pass 2 stalls while a round runs).
-    fn encode(&mut self, batch: &RecordBatch) -> Result<()> {
-        let fields = self.schema.fields();
-        let columns = self
-            .fields
-            .iter_mut()
-            .zip(fields.iter())
-            .zip(batch.columns());
-        share_out(columns, |((writers, field), array)| {
-            for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, array)?) {
-                writer.write(&leaf)?;
-            }
-            Ok(())
-        })
+    /// Queues `batch` for encoding, once there is room for it in flight.
+    fn hand_out(&mut self, batch: RecordBatch) -> Result<()> {
+        let mut state = self.shared.work_until(|state| {
+            state.batches.is_empty()
+                || (state.batches.len() < BATCHES_IN_FLIGHT && state.batch_bytes < BYTES_IN_FLIGHT)
+        })?;
+        state.batch_bytes += batch.get_array_memory_size();
+        state.batches.push_back(batch);
+        drop(state);
+        self.shared.changed.notify_all();
+        Ok(())
     }
 
-    /// Closes the current row group's columns (in parallel) and appends them to the file.
-    fn flush_row_group(&mut self) -> Result<()> {
-        if self.rows_in_group == 0 {
-            return Ok(());
-        }
-        let columns: Vec<ArrowColumnWriter> = self.fields.drain(..).flatten().collect();
-        let closed: Vec<Mutex<Option<Result<ArrowColumnChunk>>>> =
-            columns.iter().map(|_| Mutex::new(None)).collect();
-        share_out(columns.into_iter().zip(&closed), |(column, slot)| {
-            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(column.close());
-            Ok(())
-        })?;
-        let mut row_group = self.file.next_row_group()?;
-        for slot in closed {
-            let chunk = slot
-                .into_inner()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ok_or_else(|| ParquetError::General("a column was not closed".to_owned()))??;
-            chunk.append_to_row_group(&mut row_group)?;
-        }
-        row_group.close()?;
-        self.start_row_group()
+    /// Ends the current row group after the batches handed out so far.
+    fn end_row_group(&mut self) {
+        let mut state = self.shared.lock();
+        let end = state.first_batch + state.batches.len() as u64;
+        let fields = state.fields.len();
+        state
+            .groups
+            .push_back((end, (0..fields).map(|_| None).collect()));
+        drop(state);
+        self.rows_in_group = 0;
+        self.shared.changed.notify_all();
     }
 
     /// Writes the last row group and the footer.
     pub(crate) fn close(mut self) -> Result<()> {
-        self.flush_row_group()?;
-        self.file.close()?;
+        if self.rows_in_group > 0 {
+            self.end_row_group();
+        }
+        self.shared.lock().finished = true;
+        self.shared.changed.notify_all();
+        drop(self.shared.work_until(|state| state.groups.is_empty())?);
+        for helper in std::mem::take(&mut self.helpers) {
+            helper
+                .join()
+                .map_err(|_| ParquetError::General("encoding thread panicked".into()))?;
+        }
+        let writer = self.shared.file().writer.take();
+        writer
+            .ok_or_else(|| ParquetError::General("file already closed".to_owned()))?
+            .close()?;
         Ok(())
     }
 }
 
-/// Calls `each` on every item, the items taken in turn by whichever of this thread and
-/// [`ENCODING_THREADS`]` - 1` more is free; returns the first error any of them met.
-fn share_out<T: Send>(
-    items: impl Iterator<Item = T> + Send,
-    each: impl Fn(T) -> Result<()> + Sync,
-) -> Result<()> {
-    let queue = Mutex::new(items);
-    let worker = || -> Result<()> {
-        loop {
-            // The lock is held only to take the next item.
-            let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-            let Some(item) = next else {
-                return Ok(());
+impl Drop for ParallelWriter {
+    fn drop(&mut self) {
+        if self.helpers.is_empty() {
+            return;
+        }
+        self.shared.lock().stopped = true;
+        self.shared.changed.notify_all();
+        for helper in std::mem::take(&mut self.helpers) {
+            // A panic was already turned into the writer's error.
+            let _ = helper.join();
+        }
+    }
+}
+
+/// The writers of one row group (in file column order) grouped by top-level field.
+fn split_by_field(
+    writers: Vec<ArrowColumnWriter>,
+    leaves: &[Range<usize>],
+) -> Vec<Vec<ArrowColumnWriter>> {
+    let mut writers = writers.into_iter();
+    leaves
+        .iter()
+        .map(|range| writers.by_ref().take(range.len()).collect())
+        .collect()
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Encoding> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn file(&self) -> MutexGuard<'_, FileOutput> {
+        self.file.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A helper thread: takes tasks until the writing is finished or stopped.
+    fn help(&self) {
+        let _stop_on_panic = StopOnPanic(self);
+        let mut state = self.lock();
+        while !state.stopped {
+            state = match state.next_task() {
+                Some(task) => self.run(state, task),
+                None if state.finished => return,
+                None => self
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
             };
-            each(item)?;
         }
-    };
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..ENCODING_THREADS).map(|_| scope.spawn(worker)).collect();
-        let mut result = worker();
-        for helper in helpers {
-            let joined = helper
-                .join()
-                .unwrap_or_else(|_| Err(ParquetError::General("encoding thread panicked".into())));
-            result = result.and(joined);
+    }
+
+    /// Takes tasks until `ready` holds, waiting when there are none; returns the first
+    /// error any thread met as soon as there is one.
+    fn work_until(&self, ready: impl Fn(&Encoding) -> bool) -> Result<MutexGuard<'_, Encoding>> {
+        let mut state = self.lock();
+        loop {
+            if let Some(error) = state.error.take() {
+                return Err(error);
+            }
+            if state.stopped {
+                return Err(ParquetError::General("column encoding stopped".to_owned()));
+            }
+            if ready(&state) {
+                return Ok(state);
+            }
+            state = match state.next_task() {
+                Some(task) => self.run(state, task),
+                None => self
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+            };
         }
-        result
-    })
+    }
+
+    /// Runs `task` without the lock, puts its result in place and, when it closed the last
+    /// field of the oldest row group, appends that group to the file.
+    fn run<'a>(&'a self, state: MutexGuard<'a, Encoding>, task: Task) -> MutexGuard<'a, Encoding> {
+        drop(state);
+        let done = task.run(&self.schema);
+        let mut state = self.lock();
+        state.complete(done);
+        if let Some((index, columns, another)) = state.take_finished_group() {
+            drop(state);
+            let appended = self.append(index, columns, another);
+            state = self.lock();
+            match appended {
+                Ok(writers) => {
+                    for (field, writers) in state.fields.iter_mut().zip(writers) {
+                        field.writers = Some(writers);
+                    }
+                }
+                Err(error) => state.fail(error),
+            }
+        }
+        self.changed.notify_all();
+        state
+    }
+
+    /// Appends row group `index` to the file and, if `another` will follow, returns its
+    /// writers by field (none otherwise).
+    fn append(
+        &self,
+        index: usize,
+        columns: Vec<Vec<ArrowColumnChunk>>,
+        another: bool,
+    ) -> Result<Vec<Vec<ArrowColumnWriter>>> {
+        let mut output = self.file();
+        let file = output
+            .writer
+            .as_mut()
+            .ok_or_else(|| ParquetError::General("file already closed".to_owned()))?;
+        let mut row_group = file.next_row_group()?;
+        for chunk in columns.into_iter().flatten() {
+            chunk.append_to_row_group(&mut row_group)?;
+        }
+        row_group.close()?;
+        if !another {
+            return Ok(Vec::new());
+        }
+        let writers = output.factory.create_column_writers(index + 1)?;
+        Ok(split_by_field(writers, &self.leaves))
+    }
+}
+
+/// Stops the writing when a helper thread panics, so that no thread waits for it.
+struct StopOnPanic<'a>(&'a Shared);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .lock()
+                .fail(ParquetError::General("encoding thread panicked".into()));
+            self.0.changed.notify_all();
+        }
+    }
+}
+
+impl Encoding {
+    /// The next task of the field furthest behind that has one: closing its row group when
+    /// it has encoded every batch of it, else encoding its next batch.
+    fn next_task(&mut self) -> Option<Task> {
+        let handed_out = self.first_batch + self.batches.len() as u64;
+        let mut best: Option<(usize, bool)> = None;
+        let mut best_batch = u64::MAX;
+        for (index, field) in self.fields.iter().enumerate() {
+            if field.writers.is_none() || field.next_batch >= best_batch {
+                continue;
+            }
+            let pending = field.groups_closed - self.groups_appended;
+            let closes = usize::try_from(pending)
+                .ok()
+                .and_then(|pending| self.groups.get(pending))
+                .is_some_and(|(end, _)| *end == field.next_batch);
+            if closes || field.next_batch < handed_out {
+                best = Some((index, closes));
+                best_batch = field.next_batch;
+            }
+        }
+        let (index, closes) = best?;
+        let field = &mut self.fields[index];
+        let writers = field.writers.take()?;
+        if closes {
+            return Some(Task::Close(index, writers));
+        }
+        let offset = usize::try_from(field.next_batch - self.first_batch).ok()?;
+        let batch = self.batches.get(offset)?.clone();
+        Some(Task::Encode(index, batch, writers))
+    }
+
+    /// Puts a finished task's result in place.
+    fn complete(&mut self, done: Result<Done>) {
+        match done {
+            Ok(Done::Encoded(index, writers)) => {
+                let field = &mut self.fields[index];
+                field.writers = Some(writers);
+                field.next_batch += 1;
+                let encoded_by_all = self.fields.iter().map(|f| f.next_batch).min();
+                while encoded_by_all.is_some_and(|n| self.first_batch < n) {
+                    let bytes = self.batches.pop_front().map(|b| b.get_array_memory_size());
+                    self.batch_bytes -= bytes.unwrap_or(0);
+                    self.first_batch += 1;
+                }
+            }
+            Ok(Done::Closed(index, chunks)) => {
+                let field = &mut self.fields[index];
+                let group = field.groups_closed - self.groups_appended;
+                field.groups_closed += 1;
+                let slot = usize::try_from(group)
+                    .ok()
+                    .and_then(|group| self.groups.get_mut(group))
+                    .and_then(|(_, columns)| columns.get_mut(index));
+                if let Some(slot) = slot {
+                    *slot = Some(chunks);
+                }
+            }
+            Err(error) => self.fail(error),
+        }
+    }
+
+    /// The oldest row group, if every field has closed it: its number, its columns, and
+    /// whether another row group may follow.
+    fn take_finished_group(&mut self) -> Option<(usize, Vec<Vec<ArrowColumnChunk>>, bool)> {
+        let (_, columns) = self.groups.front()?;
+        if !columns.iter().all(Option::is_some) {
+            return None;
+        }
+        let (_, columns) = self.groups.pop_front()?;
+        let index = usize::try_from(self.groups_appended).ok()?;
+        self.groups_appended += 1;
+        let another = !self.finished || !self.groups.is_empty();
+        Some((index, columns.into_iter().flatten().collect(), another))
+    }
+
+    fn fail(&mut self, error: ParquetError) {
+        self.error.get_or_insert(error);
+        self.stopped = true;
+    }
+}
+
+impl Task {
+    fn run(self, schema: &SchemaRef) -> Result<Done> {
+        match self {
+            Task::Encode(index, batch, mut writers) => {
+                let field = schema.field(index);
+                let leaves = compute_leaves(field, batch.column(index))?;
+                for (writer, leaf) in writers.iter_mut().zip(leaves) {
+                    writer.write(&leaf)?;
+                }
+                Ok(Done::Encoded(index, writers))
+            }
+            Task::Close(index, writers) => {
+                let chunks = writers
+                    .into_iter()
+                    .map(ArrowColumnWriter::close)
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Done::Closed(index, chunks))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -241,36 +543,73 @@ mod tests {
         RecordBatch::try_new(schema, vec![ids, names, nested, lists]).expect("batch")
     }
 
+    /// The bytes `ArrowWriter` (serial) or `ParallelWriter` writes for `batches`.
+    fn written(
+        path: &std::path::Path,
+        batches: &[RecordBatch],
+        properties: WriterProperties,
+        parallel: bool,
+    ) -> Vec<u8> {
+        let file = File::create(path).expect("create");
+        let schema = batches[0].schema();
+        if parallel {
+            let mut writer = ParallelWriter::try_new(file, schema, properties).expect("writer");
+            for b in batches {
+                writer.write(b).expect("write");
+            }
+            writer.close().expect("close");
+        } else {
+            let mut writer = ArrowWriter::try_new(file, schema, Some(properties)).expect("writer");
+            for b in batches {
+                writer.write(b).expect("write");
+            }
+            writer.close().expect("close");
+        }
+        std::fs::read(path).expect("read")
+    }
+
     #[test]
     fn writes_the_bytes_arrow_writer_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let batches: Vec<RecordBatch> = (0..40).map(|i| batch(i * 9000, 9000)).collect();
-        let schema = batches[0].schema();
-        let serial = dir.path().join("serial.parquet");
-        let mut writer = ArrowWriter::try_new(
-            File::create(&serial).expect("create"),
-            Arc::clone(&schema),
-            Some(writer_properties()),
-        )
-        .expect("writer");
-        for b in &batches {
-            writer.write(b).expect("write");
+        let path = dir.path().join("out.parquet");
+        let serial = written(&path, &batches, writer_properties(), false);
+        assert!(serial.len() > 100_000);
+        assert_eq!(written(&path, &batches, writer_properties(), true), serial);
+    }
+
+    #[test]
+    fn many_small_row_groups_come_out_as_arrow_writer_writes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let batches: Vec<RecordBatch> = (0..60).map(|i| batch(i * 700, 700)).collect();
+        // Row groups end inside batches and every few batches, so row group ends and
+        // fields falling behind meet often.
+        let properties = || {
+            WriterProperties::builder()
+                .set_max_row_group_row_count(Some(1000))
+                .build()
+        };
+        let path = dir.path().join("out.parquet");
+        let serial = written(&path, &batches, properties(), false);
+        for round in 0..5 {
+            let parallel = written(&path, &batches, properties(), true);
+            assert_eq!(parallel, serial, "round {round}");
         }
-        writer.close().expect("close");
-        let parallel = dir.path().join("parallel.parquet");
+    }
+
+    #[test]
+    fn a_writer_dropped_unclosed_stops_its_threads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = batch(0, 5000);
         let mut writer = ParallelWriter::try_new(
-            File::create(&parallel).expect("create"),
-            schema,
+            File::create(dir.path().join("dropped.parquet")).expect("create"),
+            b.schema(),
             writer_properties(),
         )
         .expect("writer");
-        for b in &batches {
-            writer.write(b).expect("write");
-        }
-        writer.close().expect("close");
-        let serial = std::fs::read(serial).expect("read");
-        assert!(serial.len() > 100_000);
-        assert_eq!(std::fs::read(parallel).expect("read"), serial);
+        writer.write(&b).expect("write");
+        // Would hang here if the helper waited on for batches.
+        drop(writer);
     }
 
     #[test]
