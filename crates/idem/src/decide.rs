@@ -20,7 +20,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::sync_channel;
 
 use arrow::array::{RecordBatch, UInt32Array, UInt64Array};
@@ -30,7 +30,7 @@ use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use idem_core::key::KeyRouter;
-use idem_core::{DedupSpec, DedupStats, KeepMaxTable, TieRow};
+use idem_core::{DedupSpec, DedupStats, KeepMaxTable, Resolution, TieRow};
 
 use crate::dedup::{FilePlan, Progress, pipeline};
 use crate::error::{Error, Result};
@@ -112,10 +112,12 @@ fn decide_in_memory(
     let mut router =
         KeyRouter::try_new(decision_schema, &spec.keys).map_err(Error::arrow(first))?;
     let helper_bytes = AtomicUsize::new(0);
-    let (outcome, helper) = std::thread::scope(|scope| {
+    let overflowed = AtomicBool::new(false);
+    let (outcome, own, helper) = std::thread::scope(|scope| {
         let (send, receive) = sync_channel::<(RecordBatch, UInt64Array, PathBuf)>(4);
         let helper_bytes = &helper_bytes;
-        let helper = scope.spawn(move || -> Result<KeepMaxTable> {
+        let overflowed = &overflowed;
+        let helper = scope.spawn(move || -> Result<Option<(usize, Resolution)>> {
             let mut table = helper_table;
             for (batch, positions, path) in receive {
                 table
@@ -123,7 +125,11 @@ fn decide_in_memory(
                     .map_err(Error::arrow(&path))?;
                 helper_bytes.store(table.size(), Ordering::Relaxed);
             }
-            Ok(table)
+            // Each thread resolves (and sorts) its own table's winners, at the same time.
+            if overflowed.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            Ok(Some((table.size(), table.finish())))
         });
         // Routing and splitting run on the decoding thread, so that this thread and the
         // helper only probe their tables.
@@ -156,17 +162,22 @@ fn decide_in_memory(
                 let size = table.size() + helper_bytes.load(Ordering::Relaxed);
                 if budget.is_some_and(|b| size > b) {
                     overflow = Some(size as f64 / rows_read.max(1) as f64);
+                    overflowed.store(true, Ordering::SeqCst);
                     return Ok(ControlFlow::Break(()));
                 }
                 Ok(ControlFlow::Continue(()))
             },
         );
+        let own = match (&outcome, overflow) {
+            (Ok(()), None) => Some((table.size(), table.finish())),
+            _ => None,
+        };
         let helper = helper.join().unwrap_or_else(|_| {
             Err(Error::InvalidArgument(
                 "the second key table's thread panicked".to_owned(),
             ))
         });
-        (outcome.map(|()| overflow), helper)
+        (outcome.map(|()| overflow), own, helper)
     });
     // The helper's own error explains a stop better than the main thread's view of it.
     let helper = helper?;
@@ -174,8 +185,10 @@ fn decide_in_memory(
     if let Some(bytes_per_row) = overflow {
         return Ok(InMemory::Overflow { bytes_per_row });
     }
-    let table_bytes = (table.size() + helper.size()) as u64;
-    let (one, two) = (table.finish(), helper.finish());
+    let stopped = || Error::InvalidArgument("a key table stopped before the end".to_owned());
+    let ((own_bytes, one), (helper_bytes, two)) =
+        (own.ok_or_else(stopped)?, helper.ok_or_else(stopped)?);
+    let table_bytes = (own_bytes + helper_bytes) as u64;
     let mut stats = one.stats;
     stats += two.stats;
     let tie_groups = one.tie_groups + two.tie_groups;
