@@ -16,11 +16,16 @@
 //! (the slot and 32 bits of its hash, enough to grow the table without touching the keys
 //! and to skip most full comparisons); the arena grows a block at a time, never doubling;
 //! keys are encoded compactly (UUID text in 16 bytes, small integers in one).
+//!
+//! Speed is the other limit: a table of millions of keys misses the cache on every probe.
+//! A batch's hashes are computed first, and while row `r` is interned the memory of later
+//! rows is requested in stages (see [`probe_ahead`]), so that their misses overlap.
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use crate::key::{KeyColumns, KeyRows, hash_bytes, mix};
+use crate::prefetch::{TableLayout, prefetch_index};
 
 /// Maps keys to dense slot numbers `0..len()`, in order of first appearance.
 #[derive(Debug)]
@@ -75,6 +80,67 @@ fn table_hash(hash32: u32) -> u64 {
 fn short_hash(hash: u64) -> u32 {
     (hash >> 32) as u32
 }
+
+/// How many rows ahead of the one being interned the table is requested; a candidate
+/// entry's stored key is requested half as far ahead, the key's bytes a quarter. On
+/// `keep_max_update` with 700,000 distinct keys, 8, 16, 24 and 32 measured the same within
+/// the machine's noise.
+const LOOKAHEAD: usize = 16;
+
+/// Where the tables keep each slot's key, seen by [`probe_ahead`].
+trait StoredKeys {
+    /// Requests the record of `slot`'s key (its location or its value).
+    fn prefetch_record(&self, slot: u32);
+    /// Requests `slot`'s key bytes, once its record is likely in cache.
+    fn prefetch_bytes(&self, slot: u32);
+}
+
+/// Interns the rows of a batch in order — `intern(table, keys, row)` for each row of
+/// `hashes` — while requesting the memory later rows will need, in three stages: the
+/// table group where row `r + LOOKAHEAD`'s probe starts; for row `r + LOOKAHEAD / 2`, a
+/// read-only probe by hash alone (its group is in cache by now) finds the candidate slot
+/// and requests its stored key's record; for row `r + LOOKAHEAD / 4`, that record is read
+/// to request the key's bytes. Rows whose key is new find no candidate and need nothing
+/// more than the table group.
+///
+/// The table is first made room for the whole batch, so that its layout holds throughout.
+fn probe_ahead<K: StoredKeys>(
+    table: &mut HashTable<(u32, u32)>,
+    keys: &mut K,
+    hashes: &[u32],
+    candidates: &mut Vec<u32>,
+    slots: &mut Vec<u32>,
+    mut intern: impl FnMut(&mut HashTable<(u32, u32)>, &mut K, usize) -> u32,
+) {
+    let rows = hashes.len();
+    table.reserve(rows, |&(_, h)| table_hash(h));
+    let layout = TableLayout::of(table);
+    candidates.clear();
+    candidates.resize(rows, NO_CANDIDATE);
+    slots.clear();
+    slots.reserve(rows);
+    for row in 0..rows {
+        if let (Some(layout), Some(&hash32)) = (&layout, hashes.get(row + LOOKAHEAD)) {
+            layout.prefetch(table_hash(hash32));
+        }
+        let ahead = row + LOOKAHEAD / 2;
+        if let Some(&hash32) = hashes.get(ahead)
+            && let Some(&(slot, _)) = table.find(table_hash(hash32), |&(_, h)| h == hash32)
+        {
+            candidates[ahead] = slot;
+            keys.prefetch_record(slot);
+        }
+        if let Some(&slot) = candidates.get(row + LOOKAHEAD / 4)
+            && slot != NO_CANDIDATE
+        {
+            keys.prefetch_bytes(slot);
+        }
+        slots.push(intern(table, keys, row));
+    }
+}
+
+/// A row with no candidate slot in [`probe_ahead`].
+const NO_CANDIDATE: u32 = u32::MAX;
 
 /// Largest size of an arena block (the first blocks are smaller, so that a small table
 /// stays small). Keys never straddle blocks; a key of a block or more gets a block of its
@@ -158,40 +224,65 @@ impl KeyArena {
     }
 }
 
+impl StoredKeys for KeyArena {
+    fn prefetch_record(&self, slot: u32) {
+        prefetch_index(&self.locations, slot as usize);
+    }
+
+    fn prefetch_bytes(&self, slot: u32) {
+        if (slot as usize) < self.len() {
+            prefetch_index(self.get(slot), 0);
+        }
+    }
+}
+
 /// The generic table: distinct keys' compact encodings in a block arena.
 #[derive(Debug, Default)]
 pub struct RowInterner {
     table: HashTable<(u32, u32)>,
     arena: KeyArena,
     rows: KeyRows,
+    hashes: Vec<u32>,
+    candidates: Vec<u32>,
 }
 
 impl RowInterner {
     fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
         keys.encode_compact_rows(&mut self.rows);
-        slots.clear();
-        slots.reserve(keys.num_rows());
-        let Self { table, arena, rows } = self;
-        for row in 0..keys.num_rows() {
-            let key = rows.row(row);
-            let hash32 = short_hash(hash_bytes(key));
-            let hash = table_hash(hash32);
-            let entry = table.entry(
-                hash,
-                |&(slot, h)| h == hash32 && arena.get(slot) == key,
-                |&(_, h)| table_hash(h),
-            );
-            let slot = match entry {
-                Entry::Occupied(found) => found.get().0,
-                Entry::Vacant(vacant) => {
-                    let slot = arena.len() as u32;
-                    arena.push(key);
-                    vacant.insert((slot, hash32));
-                    slot
+        let Self {
+            table,
+            arena,
+            rows,
+            hashes,
+            candidates,
+        } = self;
+        hashes.clear();
+        hashes.extend((0..keys.num_rows()).map(|row| short_hash(hash_bytes(rows.row(row)))));
+        probe_ahead(
+            table,
+            arena,
+            hashes,
+            candidates,
+            slots,
+            |table, arena, row| {
+                let key = rows.row(row);
+                let hash32 = hashes[row];
+                let entry = table.entry(
+                    table_hash(hash32),
+                    |&(slot, h)| h == hash32 && arena.get(slot) == key,
+                    |&(_, h)| table_hash(h),
+                );
+                match entry {
+                    Entry::Occupied(found) => found.get().0,
+                    Entry::Vacant(vacant) => {
+                        let slot = arena.len() as u32;
+                        arena.push(key);
+                        vacant.insert((slot, hash32));
+                        slot
+                    }
                 }
-            };
-            slots.push(slot);
-        }
+            },
+        );
     }
 
     fn len(&self) -> usize {
@@ -208,51 +299,77 @@ impl RowInterner {
 pub struct NarrowInterner {
     table: HashTable<(u32, u32)>,
     /// Each slot's key bits; the null key's slot (not in `table`) holds 0.
-    values: Vec<u64>,
+    values: NarrowValues,
     null_slot: Option<u32>,
     scratch: Vec<Option<u64>>,
+    hashes: Vec<u32>,
+    candidates: Vec<u32>,
+}
+
+/// The narrow table's keys, by slot.
+#[derive(Debug, Default)]
+struct NarrowValues(Vec<u64>);
+
+impl StoredKeys for NarrowValues {
+    fn prefetch_record(&self, slot: u32) {
+        prefetch_index(&self.0, slot as usize);
+    }
+
+    /// The record is the key.
+    fn prefetch_bytes(&self, _slot: u32) {}
 }
 
 impl NarrowInterner {
     fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
         keys.narrow_values(&mut self.scratch);
-        slots.clear();
-        slots.reserve(self.scratch.len());
-        for &value in &self.scratch {
-            let next = self.values.len() as u32;
-            let slot = match value {
-                None => *self.null_slot.get_or_insert_with(|| {
-                    self.values.push(0);
-                    next
-                }),
-                Some(bits) => {
-                    let hash32 = short_hash(mix(bits));
-                    let hash = table_hash(hash32);
-                    let values = &mut self.values;
-                    match self.table.entry(
-                        hash,
-                        |&(slot, h)| h == hash32 && values[slot as usize] == bits,
-                        |&(_, h)| table_hash(h),
-                    ) {
-                        Entry::Occupied(found) => found.get().0,
-                        Entry::Vacant(vacant) => {
-                            values.push(bits);
-                            vacant.insert((next, hash32));
-                            next
-                        }
+        let Self {
+            table,
+            values,
+            null_slot,
+            scratch,
+            hashes,
+            candidates,
+        } = self;
+        hashes.clear();
+        // A null's hash only steers a prefetch: nulls never enter the table.
+        hashes.extend(scratch.iter().map(|v| short_hash(mix(v.unwrap_or(0)))));
+        probe_ahead(
+            table,
+            values,
+            hashes,
+            candidates,
+            slots,
+            |table, values, row| {
+                let next = values.0.len() as u32;
+                let Some(bits) = scratch[row] else {
+                    return *null_slot.get_or_insert_with(|| {
+                        values.0.push(0);
+                        next
+                    });
+                };
+                let hash32 = hashes[row];
+                match table.entry(
+                    table_hash(hash32),
+                    |&(slot, h)| h == hash32 && values.0[slot as usize] == bits,
+                    |&(_, h)| table_hash(h),
+                ) {
+                    Entry::Occupied(found) => found.get().0,
+                    Entry::Vacant(vacant) => {
+                        values.0.push(bits);
+                        vacant.insert((next, hash32));
+                        next
                     }
                 }
-            };
-            slots.push(slot);
-        }
+            },
+        );
     }
 
     fn len(&self) -> usize {
-        self.values.len()
+        self.values.0.len()
     }
 
     fn size(&self) -> usize {
-        self.table.allocation_size() + self.values.capacity() * size_of::<u64>()
+        self.table.allocation_size() + self.values.0.capacity() * size_of::<u64>()
     }
 }
 

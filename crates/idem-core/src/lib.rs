@@ -36,6 +36,7 @@ pub mod key;
 mod memory;
 mod options;
 mod pick;
+mod prefetch;
 pub mod rng;
 mod rowhash;
 mod stats;

@@ -26,6 +26,7 @@ use arrow::error::ArrowError;
 use crate::interner::{KeyInterner, NarrowInterner, RowInterner};
 use crate::key::KeyLayout;
 use crate::options::{DedupSpec, TiePolicy};
+use crate::prefetch::prefetch_index;
 use crate::stats::DedupStats;
 use crate::version::VersionLayout;
 
@@ -48,6 +49,8 @@ struct TieEvent {
 
 /// A tie event's position meaning "a higher version voided this slot's ties so far".
 const RESET: u64 = u64::MAX;
+/// How many rows ahead a slot's state is requested while a batch is consumed.
+const SLOT_LOOKAHEAD: usize = 16;
 /// Slot flag: the winner is a delete.
 const TOMBSTONE: u8 = 1;
 /// Slot flag: the current version has ties (its events are in the log).
@@ -233,6 +236,14 @@ impl KeepMaxTable {
         let width = self.versions.width();
         let last_wins = self.spec.options.on_tie == TiePolicy::Last;
         for (row, &slot) in scratch.slots.iter().enumerate() {
+            // A key seen before has its winner, version and flags far apart in memory:
+            // requested a few rows ahead, their misses overlap (see `prefetch`).
+            if let Some(&ahead) = scratch.slots.get(row + SLOT_LOOKAHEAD) {
+                let ahead = ahead as usize;
+                prefetch_index(&self.winner, ahead);
+                prefetch_index(&self.version, ahead * width);
+                prefetch_index(&self.flags, ahead);
+            }
             let position = position_of(row);
             let incoming = &scratch.versions[row * width..(row + 1) * width];
             let tombstone = if scratch.tombstones[row] {
