@@ -94,6 +94,11 @@ enum InMemory {
     },
 }
 
+/// Batches of decision columns in flight between pass 1's threads. They are small (tens
+/// of bytes a row), and three threads sharing two cores stall each other less with a deep
+/// queue: 16 instead of 4 cut 10M's pass 1 by 6 % (1.34 s to 1.25 s, medians of three).
+const DECISION_DEPTH: usize = 16;
+
 /// Pass 1 in memory, the keys split by hash between two tables on two threads: probing a
 /// table of millions of keys is memory-bound and was most of pass 1's time on one thread.
 /// Each table sees its rows in input order with their original positions, so the winners,
@@ -114,7 +119,7 @@ fn decide_in_memory(
     let helper_bytes = AtomicUsize::new(0);
     let overflowed = AtomicBool::new(false);
     let (outcome, own, helper) = std::thread::scope(|scope| {
-        let (send, receive) = sync_channel::<(RecordBatch, UInt64Array, PathBuf)>(4);
+        let (send, receive) = sync_channel::<(RecordBatch, UInt64Array, PathBuf)>(DECISION_DEPTH);
         let helper_bytes = &helper_bytes;
         let overflowed = &overflowed;
         let helper = scope.spawn(move || -> Result<Option<(usize, Resolution)>> {
@@ -281,6 +286,7 @@ fn read_decision_columns<T: Send>(
         .map(|f| f.name().as_str())
         .collect();
     pipeline(
+        DECISION_DEPTH,
         |send| {
             for file in files {
                 let batches = match file.read_columns(&names) {

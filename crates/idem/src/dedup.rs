@@ -415,6 +415,7 @@ pub(crate) fn dedup_rows_filtered<S>(
     let mut kept_per_file = vec![0u64; files.len()];
     let files_read = &files;
     pipeline(
+        FETCH_DEPTH,
         |send| {
             let mut start = 0u64;
             for (index, file) in files.iter().enumerate() {
@@ -467,16 +468,21 @@ pub(crate) fn dedup_rows_filtered<S>(
     ))
 }
 
-/// Runs `produce` on a second thread and `consume` on this one, joined by a short queue
-/// (so that at most a few batches are in flight). `produce` gets a `send` that returns
-/// false once the consumer has stopped, which it must heed by returning; an error it sends
-/// ends the pipeline with that error, and `consume` may stop it early with `Break`.
+/// Whole-row batches in flight between pass 2's reader and its writer: enough to ride
+/// out their speeds' ups and downs, few enough that wide rows stay cheap.
+const FETCH_DEPTH: usize = 4;
+
+/// Runs `produce` on a second thread and `consume` on this one, joined by a queue of at
+/// most `depth` items in flight. `produce` gets a `send` that returns false once the
+/// consumer has stopped, which it must heed by returning; an error it sends ends the
+/// pipeline with that error, and `consume` may stop it early with `Break`.
 pub(crate) fn pipeline<T: Send>(
+    depth: usize,
     produce: impl FnOnce(&dyn Fn(Result<T>) -> bool) + Send,
     mut consume: impl FnMut(T) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
     std::thread::scope(|scope| {
-        let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<T>>(4);
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<T>>(depth);
         scope.spawn(move || produce(&|item| sender.send(item).is_ok()));
         // Returning early drops the receiver, which stops the producer at its next send.
         for item in receiver {
