@@ -104,9 +104,6 @@ trait StoredKeys {
 /// more than the table group.
 ///
 /// The table is first made room for the whole batch, so that its layout holds throughout.
-/// A table of fewer than [`PREFETCH_FROM_KEYS`] keys stays in cache, where the requests,
-/// the second probe per row and the room made ahead (a table of 1,000 keys grown to take a
-/// batch of new ones no longer fits in L1) are pure cost: its rows are interned with none.
 fn probe_ahead<K: StoredKeys>(
     table: &mut HashTable<(u32, u32)>,
     keys: &mut K,
@@ -116,16 +113,12 @@ fn probe_ahead<K: StoredKeys>(
     mut intern: impl FnMut(&mut HashTable<(u32, u32)>, &mut K, usize) -> u32,
 ) {
     let rows = hashes.len();
-    slots.clear();
-    slots.reserve(rows);
-    if table.len() < PREFETCH_FROM_KEYS {
-        slots.extend((0..rows).map(|row| intern(table, keys, row)));
-        return;
-    }
     table.reserve(rows, |&(_, h)| table_hash(h));
     let layout = TableLayout::of(table);
     candidates.clear();
     candidates.resize(rows, NO_CANDIDATE);
+    slots.clear();
+    slots.reserve(rows);
     for row in 0..rows {
         if let (Some(layout), Some(&hash32)) = (&layout, hashes.get(row + LOOKAHEAD)) {
             layout.prefetch(table_hash(hash32));
@@ -145,11 +138,6 @@ fn probe_ahead<K: StoredKeys>(
         slots.push(intern(table, keys, row));
     }
 }
-
-/// Keys from which [`probe_ahead`] requests memory ahead: below, the table with its keys'
-/// records and bytes (about 30 bytes a key for UUID text) is well within a core's L2 cache.
-/// With 1,000 distinct keys, requesting ahead made `keep_max_update` 1.1–1.5× slower.
-pub(crate) const PREFETCH_FROM_KEYS: usize = 16 * 1024;
 
 /// A row with no candidate slot in [`probe_ahead`].
 const NO_CANDIDATE: u32 = u32::MAX;

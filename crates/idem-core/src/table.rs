@@ -23,7 +23,7 @@ use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::{Field, Schema};
 use arrow::error::ArrowError;
 
-use crate::interner::{KeyInterner, NarrowInterner, PREFETCH_FROM_KEYS, RowInterner};
+use crate::interner::{KeyInterner, NarrowInterner, RowInterner};
 use crate::key::KeyLayout;
 use crate::options::{DedupSpec, TiePolicy};
 use crate::prefetch::prefetch_index;
@@ -235,16 +235,10 @@ impl KeepMaxTable {
 
         let width = self.versions.width();
         let last_wins = self.spec.options.on_tie == TiePolicy::Last;
-        // A small table's state stays in cache, where requests ahead are pure cost.
-        let lookahead = if self.winner.len() < PREFETCH_FROM_KEYS {
-            usize::MAX
-        } else {
-            SLOT_LOOKAHEAD
-        };
         for (row, &slot) in scratch.slots.iter().enumerate() {
             // A key seen before has its winner, version and flags far apart in memory:
             // requested a few rows ahead, their misses overlap (see `prefetch`).
-            if let Some(&ahead) = scratch.slots.get(row.saturating_add(lookahead)) {
+            if let Some(&ahead) = scratch.slots.get(row + SLOT_LOOKAHEAD) {
                 let ahead = ahead as usize;
                 prefetch_index(&self.winner, ahead);
                 prefetch_index(&self.version, ahead * width);

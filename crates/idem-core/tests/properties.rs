@@ -165,28 +165,7 @@ struct Case {
     spec: DedupSpec,
 }
 
-/// How big a drawn case is: rows per batch in `rows`, distinct values per key column in
-/// `key_domain`.
-struct Scale {
-    rows: std::ops::Range<u64>,
-    key_domain: std::ops::Range<u64>,
-}
-
-/// Small cases: few keys, many ties and repeats, empty batches.
-const SMALL: Scale = Scale {
-    rows: 0..40,
-    key_domain: 1..13,
-};
-
 fn draw_case(rng: &mut SplitMix64) -> Case {
-    draw_scaled_case(rng, &SMALL)
-}
-
-fn draw_in(rng: &mut SplitMix64, range: &std::ops::Range<u64>) -> u64 {
-    range.start + rng.below(range.end - range.start)
-}
-
-fn draw_scaled_case(rng: &mut SplitMix64, scale: &Scale) -> Case {
     let key_types = [
         KeyType::Int,
         KeyType::Text,
@@ -207,7 +186,7 @@ fn draw_scaled_case(rng: &mut SplitMix64, scale: &Scale) -> Case {
     let versions: Vec<VersionType> = (0..num_versions)
         .map(|_| version_types[rng.below(4) as usize])
         .collect();
-    let key_domain = draw_in(rng, &scale.key_domain);
+    let key_domain = 1 + rng.below(12);
     let version_domain = 1 + rng.below(6);
     let null_pct = [0, 5, 30][rng.below(3) as usize];
     let with_deletes = rng.chance(60);
@@ -215,7 +194,7 @@ fn draw_scaled_case(rng: &mut SplitMix64, scale: &Scale) -> Case {
     let mut batches = Vec::new();
     let mut schema: Option<SchemaRef> = None;
     for _ in 0..1 + rng.below(4) {
-        let n = draw_in(rng, &scale.rows) as usize;
+        let n = rng.below(40) as usize;
         let mut fields = Vec::new();
         let mut columns = Vec::new();
         for (i, ty) in keys.iter().enumerate() {
@@ -505,31 +484,6 @@ fn kernel_matches_reference_on_random_batches() {
         let out = arrow::compute::concat_batches(&case.schema, &out).expect("concat");
         assert_eq!(out, winners, "seed {seed}");
     }
-}
-
-/// Tables of tens of thousands of keys, where the key tables request memory ahead (small
-/// tables do not), against the same reference.
-#[test]
-fn kernel_matches_reference_on_large_tables() {
-    let scale = Scale {
-        rows: 12_000..20_000,
-        key_domain: 30_000..60_000,
-    };
-    let mut large_tables = 0;
-    for seed in 0..6 {
-        let mut rng = SplitMix64::new(1_000_000 + seed);
-        let case = draw_scaled_case(&mut rng, &scale);
-        let expected = reference(&case);
-        large_tables += u32::from(expected.rows_out + expected.deleted > 20_000);
-        for generic in [false, true] {
-            let got = kernel(&case, generic);
-            assert_eq!(got, expected, "seed {seed}, generic keys {generic}");
-        }
-    }
-    assert!(
-        large_tables >= 3,
-        "only {large_tables} cases had more than 20,000 keys"
-    );
 }
 
 #[test]
