@@ -8,8 +8,8 @@
 //!        │
 //!   RepartitionExec     Hash(key columns) → M partitions
 //!        │
-//!   DedupExec           per partition: rows regrouped by source partition (so the order
-//!                       is the same whatever the interleaving of the repartition), then
+//!   DedupExec           per partition: rows put back in position order (so the order is
+//!                       the same whatever the interleaving of the repartition), then
 //!                       idem-core's keep-max table; spills by key hash when the memory
 //!                       pool refuses to grow
 //! ```
@@ -23,7 +23,9 @@ use std::fs::File;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
-use datafusion::arrow::compute::{filter_record_batch, take_record_batch};
+use datafusion::arrow::compute::{
+    concat_batches, filter_record_batch, sort_to_indices, take_record_batch,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
@@ -553,8 +555,12 @@ impl DedupMetrics {
     }
 }
 
-/// Rows of one partition grouped by the source partition they came from, each group in
-/// arrival order (which is source order: a repartition keeps each source's order).
+/// Rows of one partition grouped by the source partition they came from.
+///
+/// Arrival order is not source order: under memory pressure DataFusion's hash repartition
+/// sends the batches it spilled through one channel shared by all its inputs, so a source's
+/// batches can come out of order. Rows are put back in position order before the keep-max
+/// table sees them, because ties are decided by that order.
 #[derive(Default)]
 struct Grouped {
     by_source: BTreeMap<u64, Vec<RecordBatch>>,
@@ -568,9 +574,50 @@ impl Grouped {
         Ok(())
     }
 
-    fn into_ordered(self) -> Vec<RecordBatch> {
-        self.by_source.into_values().flatten().collect()
+    /// The rows held, in position order.
+    fn into_ordered(self) -> Result<Vec<RecordBatch>> {
+        let mut ordered = Vec::new();
+        for mut parts in self.by_source.into_values() {
+            // Each part is one repartitioned batch's rows of the source: ascending and not
+            // overlapping another part, so ordering the parts by their first row orders
+            // the rows. That is checked, and the rows sorted one by one where it fails.
+            parts.sort_by_cached_key(|part| first_position(part).unwrap_or(0));
+            if in_position_order(&parts)? {
+                ordered.extend(parts);
+            } else {
+                ordered.push(sorted_by_position(&parts)?);
+            }
+        }
+        Ok(ordered)
     }
+}
+
+fn first_position(batch: &RecordBatch) -> Result<u64> {
+    Ok(positions(batch)?.values().first().copied().unwrap_or(0))
+}
+
+/// Whether the positions of `parts`, read one part after another, strictly ascend.
+fn in_position_order(parts: &[RecordBatch]) -> Result<bool> {
+    let mut last: Option<u64> = None;
+    for part in parts {
+        for &position in positions(part)?.values() {
+            if last.is_some_and(|last| position <= last) {
+                return Ok(false);
+            }
+            last = Some(position);
+        }
+    }
+    Ok(true)
+}
+
+/// The rows of `parts` in one batch, sorted by position.
+fn sorted_by_position(parts: &[RecordBatch]) -> Result<RecordBatch> {
+    let Some(first) = parts.first() else {
+        return internal_err!("no rows to sort");
+    };
+    let rows = concat_batches(&first.schema(), parts).map_err(to_df)?;
+    let order = sort_to_indices(positions(&rows)?, None, None).map_err(to_df)?;
+    take_record_batch(&rows, &order).map_err(to_df)
 }
 
 pub(crate) fn positions(batch: &RecordBatch) -> Result<&UInt64Array> {
@@ -686,7 +733,7 @@ impl PartitionState {
     /// Moves what is held, and `batch`, into new spill files.
     fn start_spill(&mut self, held: Grouped, batch: &RecordBatch, depth: u32) -> Result<Spill> {
         let mut spill = self.new_spill()?;
-        for held in held.into_ordered() {
+        for held in held.into_ordered()? {
             self.spill_batch(&mut spill, &held, depth)?;
         }
         self.reservation.free();
@@ -694,10 +741,10 @@ impl PartitionState {
         Ok(spill)
     }
 
-    /// Dedups rows held in memory, in source order, and releases their reservation.
+    /// Dedups rows held in memory, in position order, and releases their reservation.
     fn dedup(&mut self, grouped: Grouped) -> Result<Vec<RecordBatch>> {
         let batches: Vec<RecordBatch> = grouped
-            .into_ordered()
+            .into_ordered()?
             .into_iter()
             .map(|b| self.without_position(&b))
             .collect::<Result<_>>()?;
@@ -845,5 +892,53 @@ impl Iterator for Drain {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(positions: &[u64]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            POSITION_COLUMN,
+            DataType::UInt64,
+            false,
+        )]));
+        let column: ArrayRef = Arc::new(UInt64Array::from(positions.to_vec()));
+        RecordBatch::try_new(schema, vec![column]).expect("batch")
+    }
+
+    fn ordered(parts: &[&[u64]]) -> Vec<Vec<u64>> {
+        let mut grouped = Grouped::default();
+        for positions in parts {
+            grouped.push(part(positions)).expect("push");
+        }
+        grouped
+            .into_ordered()
+            .expect("order")
+            .iter()
+            .map(|b| positions(b).expect("positions").values().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn parts_arriving_out_of_order_are_put_back_whole() {
+        let source_1 = 1 << ROW_BITS;
+        assert_eq!(
+            ordered(&[&[7, 9], &[source_1 + 4, 2], &[source_1 + 1], &[3]]),
+            [
+                vec![2],
+                vec![3],
+                vec![7, 9],
+                vec![source_1 + 1],
+                vec![source_1 + 4]
+            ]
+        );
+    }
+
+    #[test]
+    fn interleaved_parts_are_sorted_row_by_row() {
+        assert_eq!(ordered(&[&[4, 8], &[2, 6], &[9]]), [vec![2, 4, 6, 8, 9]]);
     }
 }

@@ -239,6 +239,68 @@ async fn spills_under_a_tiny_memory_pool_with_the_same_result() {
     );
 }
 
+/// A hash repartition under memory pressure can hand a source's batches over out of order
+/// (DataFusion's shared spill channel), so ties go to the lowest position, not the first
+/// arrival: here the later row of a tied pair arrives first, and from two sources mixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ties_go_to_the_lowest_position_whatever_the_arrival_order() {
+    use datafusion::arrow::array::UInt64Array;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use idem_datafusion::{DedupExec, DedupSpec, POSITION_COLUMN, TiePolicy};
+
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Utf8, false),
+        Field::new("v", DataType::Int64, false),
+        Field::new("payload", DataType::Utf8, false),
+        Field::new(POSITION_COLUMN, DataType::UInt64, false),
+    ]));
+    let source_1 = 1u64 << 40;
+    let batch = |keys: &[&str], payloads: &[&str], positions: &[u64]| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(StringArray::from(keys.to_vec())),
+                Arc::new(Int64Array::from(vec![7; keys.len()])),
+                Arc::new(StringArray::from(payloads.to_vec())),
+                Arc::new(UInt64Array::from(positions.to_vec())),
+            ],
+        )
+        .expect("batch")
+    };
+    let arrivals = vec![
+        batch(&["a", "b"], &["a-late", "b-late"], &[5, source_1 + 9]),
+        batch(&["b"], &["b-early"], &[source_1 + 2]),
+        batch(&["a"], &["a-early"], &[1]),
+    ];
+    for (ties, expected) in [
+        (TiePolicy::First, ["a-early", "b-early"]),
+        (TiePolicy::Last, ["a-late", "b-late"]),
+    ] {
+        let input = MemorySourceConfig::try_new_exec(
+            std::slice::from_ref(&arrivals),
+            Arc::clone(&schema),
+            None,
+        )
+        .expect("input");
+        let spec =
+            DedupSpec::new(["k"], ["v"]).with_options(DedupOptions::default().with_on_tie(ties));
+        let dedup = Arc::new(DedupExec::try_new(input, spec).expect("dedup"));
+        let output = collect(dedup, SessionContext::new().task_ctx())
+            .await
+            .expect("collect");
+        let mut winners: Vec<String> = pretty_format_batches(&output)
+            .expect("format")
+            .to_string()
+            .lines()
+            .filter_map(|line| line.split('|').nth(3))
+            .map(|cell| cell.trim().to_owned())
+            .filter(|cell| cell.ends_with("-early") || cell.ends_with("-late"))
+            .collect();
+        winners.sort();
+        assert_eq!(winners, expected, "ties {ties:?}");
+    }
+}
+
 fn find_metric(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>, name: &str) -> usize {
     let own = plan
         .metrics()
