@@ -33,6 +33,7 @@ use parquet::arrow::arrow_writer::{
 use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::SchemaDescriptor;
 
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
 /// out batches and, while it would otherwise wait for room, encodes too.
@@ -133,29 +134,7 @@ impl ParallelWriter {
         let (file, factory) =
             ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties))?
                 .into_serialized_writer()?;
-        let descriptor = file.schema_descr();
-        // Parquet lists the leaves of one field together, fields in schema order.
-        let mut leaves: Vec<Range<usize>> = Vec::with_capacity(schema.fields().len());
-        for leaf in 0..descriptor.num_columns() {
-            let root = descriptor.get_column_root_idx(leaf);
-            let fields_seen = leaves.len();
-            match leaves.last_mut() {
-                Some(range) if root + 1 == fields_seen => range.end = leaf + 1,
-                _ if root == fields_seen => leaves.push(leaf..leaf + 1),
-                _ => {
-                    return Err(ParquetError::General(format!(
-                        "leaf column {leaf} out of field order"
-                    )));
-                }
-            }
-        }
-        if leaves.len() != schema.fields().len() {
-            return Err(ParquetError::General(format!(
-                "{} fields with leaf columns, {} in the schema",
-                leaves.len(),
-                schema.fields().len()
-            )));
-        }
+        let leaves = field_leaves(file.schema_descr(), &schema)?;
         let fields = split_by_field(factory.create_column_writers(0)?, &leaves)
             .into_iter()
             .map(|writers| FieldEncoder {
@@ -277,8 +256,39 @@ impl Drop for ParallelWriter {
     }
 }
 
+/// The leaf columns of each top-level field of `schema`, as ranges of `descriptor`'s
+/// columns.
+pub(crate) fn field_leaves(
+    descriptor: &SchemaDescriptor,
+    schema: &SchemaRef,
+) -> Result<Vec<Range<usize>>> {
+    // Parquet lists the leaves of one field together, fields in schema order.
+    let mut leaves: Vec<Range<usize>> = Vec::with_capacity(schema.fields().len());
+    for leaf in 0..descriptor.num_columns() {
+        let root = descriptor.get_column_root_idx(leaf);
+        let fields_seen = leaves.len();
+        match leaves.last_mut() {
+            Some(range) if root + 1 == fields_seen => range.end = leaf + 1,
+            _ if root == fields_seen => leaves.push(leaf..leaf + 1),
+            _ => {
+                return Err(ParquetError::General(format!(
+                    "leaf column {leaf} out of field order"
+                )));
+            }
+        }
+    }
+    if leaves.len() != schema.fields().len() {
+        return Err(ParquetError::General(format!(
+            "{} fields with leaf columns, {} in the schema",
+            leaves.len(),
+            schema.fields().len()
+        )));
+    }
+    Ok(leaves)
+}
+
 /// The writers of one row group (in file column order) grouped by top-level field.
-fn split_by_field(
+pub(crate) fn split_by_field(
     writers: Vec<ArrowColumnWriter>,
     leaves: &[Range<usize>],
 ) -> Vec<Vec<ArrowColumnWriter>> {

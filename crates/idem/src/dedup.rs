@@ -21,10 +21,11 @@ use std::time::Instant;
 use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{filter_record_batch, take_record_batch};
 use arrow::datatypes::SchemaRef;
-use idem_core::{DedupSpec, DedupStats, TieCheck, TieRow};
+use idem_core::{DedupSpec, DedupStats, TieCheck, TiePolicy, TieRow};
 use serde::Serialize;
 
-use crate::decide::decide;
+use crate::columnwise::{COLUMNWISE_FROM_FIELDS, Winners};
+use crate::decide::{Decision, decide};
 use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs};
 use crate::output::OutputWriter;
@@ -276,24 +277,31 @@ fn write_dedup(
     started: Instant,
     mut state: Option<StateFilter>,
 ) -> Result<DedupReport> {
-    let mut keep_all = KeepAll;
-    let (writer, mut run) = dedup_rows_filtered(
-        job,
-        progress,
-        |schema| {
-            OutputWriter::create(
-                &job.output,
-                std::sync::Arc::clone(schema),
-                job.max_rows_per_file,
-                &job.storage,
-            )
-        },
-        match state.as_mut() {
-            Some(state) => state,
-            None => &mut keep_all,
-        },
-        |writer, kept| writer.write(&kept),
-    )?;
+    let open = |schema: &SchemaRef| {
+        OutputWriter::create(
+            &job.output,
+            std::sync::Arc::clone(schema),
+            job.max_rows_per_file,
+            &job.storage,
+        )
+    };
+    let decided = decide_job(job, progress)?;
+    let (writer, mut run) = match state.as_mut() {
+        None if goes_columnwise(&job.spec, &decided) => {
+            fetch_columnwise(job, progress, decided, open)?
+        }
+        Some(state) => fetch_rows(job, progress, decided, open, state, |writer, kept| {
+            writer.write(&kept)
+        })?,
+        None => fetch_rows(
+            job,
+            progress,
+            decided,
+            open,
+            &mut KeepAll,
+            |writer, kept| writer.write(&kept),
+        )?,
+    };
     let staged = state.map(StateFilter::stage).transpose()?;
     let output_files = writer.commit()?;
     let state_report = staged.map(|s| s.commit(&job.output)).transpose()?;
@@ -387,20 +395,57 @@ pub(crate) fn dedup_rows_filtered<S>(
     progress: &dyn Progress,
     open: impl FnOnce(&SchemaRef) -> Result<S>,
     filter: &mut dyn WinnerFilter,
+    sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
+) -> Result<(S, DedupRun)> {
+    let decided = decide_job(job, progress)?;
+    fetch_rows(job, progress, decided, open, filter, sink)
+}
+
+/// What pass 1 leaves for pass 2.
+pub(crate) struct Decided {
+    /// The inputs, opened.
+    pub files: Vec<InputFile>,
+    /// Their unified schema.
+    pub schema: SchemaRef,
+    /// Every key's winner.
+    pub decision: Decision,
+    /// Wall time of pass 1.
+    pub decide_seconds: f64,
+}
+
+/// Pass 1: opens `job`'s inputs and decides every key's winner.
+pub(crate) fn decide_job(job: &DedupJob, progress: &dyn Progress) -> Result<Decided> {
+    let (files, schema) = open_inputs(job)?;
+    let decide_started = Instant::now();
+    let decision = decide(&job.spec, &files, &schema, job.memory_limit, progress)?;
+    Ok(Decided {
+        files,
+        schema,
+        decision,
+        decide_seconds: decide_started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Pass 2 row by row: reads the winners' whole rows (and tied rows, to compare them) and
+/// hands them to `sink` through `filter`.
+fn fetch_rows<S>(
+    job: &DedupJob,
+    progress: &dyn Progress,
+    decided: Decided,
+    open: impl FnOnce(&SchemaRef) -> Result<S>,
+    filter: &mut dyn WinnerFilter,
     mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
-    let (files, schema) = open_inputs(job)?;
+    let Decided {
+        files,
+        schema,
+        mut decision,
+        decide_seconds,
+    } = decided;
     let first_path = files
         .first()
         .map(|f| f.path().to_path_buf())
         .unwrap_or_default();
-
-    // Pass 1: decide.
-    let decide_started = Instant::now();
-    let mut decision = decide(&job.spec, &files, &schema, job.memory_limit, progress)?;
-    let decide_seconds = decide_started.elapsed().as_secs_f64();
-
-    // Pass 2: fetch the kept rows (and tied rows, to compare them).
     let fetch_started = Instant::now();
     let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
@@ -464,6 +509,61 @@ pub(crate) fn dedup_rows_filtered<S>(
             table_bytes: decision.table_bytes,
             decide_seconds,
             fetch_started,
+        },
+    ))
+}
+
+/// Whether pass 2 goes column by column (see [`crate::columnwise`]): for a wide schema of
+/// Parquet inputs (whose row selection lets one column be read at a time without decoding
+/// the others), when rows are kept (tied rows are compared on the way to the output's) and
+/// a conflict is counted, not an error to raise with the whole row in hand.
+fn goes_columnwise(spec: &DedupSpec, decided: &Decided) -> bool {
+    decided.schema.fields().len() >= COLUMNWISE_FROM_FIELDS
+        && decided.decision.stats.rows_out > 0
+        && spec.options.on_tie != TiePolicy::Error
+        && decided.files.iter().all(InputFile::is_parquet)
+}
+
+/// Pass 2 column by column, into an [`OutputWriter`].
+fn fetch_columnwise(
+    job: &DedupJob,
+    progress: &dyn Progress,
+    decided: Decided,
+    open: impl FnOnce(&SchemaRef) -> Result<OutputWriter>,
+) -> Result<(OutputWriter, DedupRun)> {
+    let Decided {
+        files,
+        schema,
+        mut decision,
+        decide_seconds,
+    } = decided;
+    let fetch_started = Instant::now();
+    let mut output = open(&schema)?;
+    progress.phase(
+        "writing",
+        decision.stats.rows_out + decision.stats.tombstones_kept,
+    );
+    let mut winners = Winners::new(
+        &files,
+        SchemaRef::clone(&schema),
+        &job.spec.keys,
+        &mut decision.selection,
+    );
+    output.write_columnwise(&mut winners, &mut |rows| progress.advance(rows))?;
+    let (kept_per_file, conflicts) = winners.finish()?;
+    let mut stats = decision.stats;
+    stats.conflicts = conflicts;
+    Ok((
+        output,
+        DedupRun {
+            stats,
+            kept_per_file,
+            key_partitions: decision.partitions,
+            table_bytes: decision.table_bytes,
+            decide_seconds,
+            fetch_started,
+            files,
+            schema,
         },
     ))
 }
@@ -592,6 +692,11 @@ impl FilePlan {
         plan
     }
 
+    /// The rows, whether each is kept, and the tie group of each (`u32::MAX` for none).
+    pub(crate) fn into_parts(self) -> (Vec<u64>, Vec<bool>, Vec<u32>) {
+        (self.rows, self.keep, self.group)
+    }
+
     /// The keep mask and the (row, group) tie list of selected rows `cursor..cursor + n`.
     fn slice(&self, cursor: usize, n: usize) -> (BooleanArray, (Vec<u32>, Vec<u32>)) {
         let end = (cursor + n).min(self.keep.len());
@@ -603,5 +708,219 @@ impl FilePlan {
             .map(|(row, g)| (row as u32, *g))
             .unzip();
         (keep, ties)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array};
+    use arrow::compute::cast;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+    use crate::generate::{GenerateOptions, generate};
+
+    /// Wide generated events in `dir`, plus two files that drifted from them: their columns
+    /// in reverse order, `attr_000` narrowed to Int32, `attr_005` missing, newer versions
+    /// of some keys (tied between the two files, a third of them with other contents),
+    /// small row groups.
+    fn wide_inputs(dir: &Path) -> Vec<String> {
+        let options = GenerateOptions {
+            rows: 200_000,
+            files: 3,
+            extra_columns: 30,
+            payload_bytes: 16,
+            ..GenerateOptions::default()
+        };
+        generate(&options, dir).expect("generate");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        files.sort();
+        let first = File::open(&files[0]).expect("open");
+        let batch = ParquetRecordBatchReaderBuilder::try_new(first)
+            .expect("reader")
+            .with_batch_size(5000)
+            .build()
+            .expect("build")
+            .next()
+            .expect("a batch")
+            .expect("read");
+        let schema = batch.schema();
+        let mut fields = Vec::new();
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        for (field, column) in schema.fields().iter().zip(batch.columns()).rev() {
+            let column = match field.name().as_str() {
+                "attr_005" => continue,
+                "attr_000" => cast(column, &DataType::Int32).expect("cast"),
+                "lsn" => {
+                    let lsn = column.as_any().downcast_ref::<Int64Array>().expect("lsn");
+                    Arc::new(lsn.iter().map(|v| v.map(|v| v + 1)).collect::<Int64Array>())
+                }
+                _ => Arc::clone(column),
+            };
+            fields.push(Field::new(
+                field.name(),
+                column.data_type().clone(),
+                field.is_nullable(),
+            ));
+            columns.push(column);
+        }
+        let drifted =
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("drifted");
+        // The same rows again, every third with another status: ties, some conflicting.
+        let status = drifted.schema().index_of("status").expect("status");
+        let mut columns = drifted.columns().to_vec();
+        let statuses = columns[status]
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .expect("status");
+        columns[status] = Arc::new(
+            statuses
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 3 == 0 { Some("changed") } else { v })
+                .collect::<arrow::array::StringArray>(),
+        );
+        let conflicting = RecordBatch::try_new(drifted.schema(), columns).expect("again");
+        for (name, batch) in [("zz-drifted", &drifted), ("zz-drifted-again", &conflicting)] {
+            let path = dir.join(format!("{name}.parquet"));
+            let properties = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(1000))
+                .build();
+            let mut writer = ArrowWriter::try_new(
+                File::create(&path).expect("create"),
+                batch.schema(),
+                Some(properties),
+            )
+            .expect("writer");
+            writer.write(batch).expect("write");
+            writer.close().expect("close");
+            files.push(path);
+        }
+        files.iter().map(|f| f.display().to_string()).collect()
+    }
+
+    /// The output's files, by name within the output (none for a single file), and their
+    /// bytes.
+    fn contents(paths: &[PathBuf], single_file: bool) -> Vec<(String, Vec<u8>)> {
+        paths
+            .iter()
+            .map(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                let name = if single_file { "" } else { name };
+                (name.to_owned(), std::fs::read(p).expect("output"))
+            })
+            .collect()
+    }
+
+    /// Whether two outputs are the same, without printing megabytes when they are not.
+    fn same(one: &[(String, Vec<u8>)], other: &[(String, Vec<u8>)]) -> bool {
+        one == other
+    }
+
+    /// An output's files, the rows kept of each input, the counts.
+    type Outcome = (Vec<(String, Vec<u8>)>, Vec<u64>, DedupStats);
+
+    /// Pass 2 both ways into `output` and `output` + "-columnwise": the files, the run.
+    fn both_ways(inputs: &[String], output: &Path, max_rows_per_file: usize) -> [Outcome; 2] {
+        let mut job = DedupJob::new(inputs.to_vec(), output.display().to_string());
+        let single_file = output.extension().is_some();
+        job.max_rows_per_file = max_rows_per_file;
+        let open = |job: &DedupJob| {
+            let output = job.output.clone();
+            move |schema: &SchemaRef| {
+                OutputWriter::try_new(Path::new(&output), Arc::clone(schema), max_rows_per_file)
+            }
+        };
+        let decided = decide_job(&job, &NoProgress).expect("decide");
+        assert!(goes_columnwise(&job.spec, &decided));
+        let (writer, rows) = fetch_rows(
+            &job,
+            &NoProgress,
+            decided,
+            open(&job),
+            &mut KeepAll,
+            |writer, kept| writer.write(&kept),
+        )
+        .expect("row by row");
+        let row_wise = (
+            contents(&writer.commit().expect("commit"), single_file),
+            rows.kept_per_file,
+            rows.stats,
+        );
+        job.output = format!("{}-columnwise", output.display());
+        if single_file {
+            job.output = format!("{}.parquet", job.output);
+        }
+        let decided = decide_job(&job, &NoProgress).expect("decide");
+        let (writer, columns) =
+            fetch_columnwise(&job, &NoProgress, decided, open(&job)).expect("column by column");
+        let column_wise = (
+            contents(&writer.commit().expect("commit"), single_file),
+            columns.kept_per_file,
+            columns.stats,
+        );
+        [row_wise, column_wise]
+    }
+
+    fn row_groups(file: &[u8]) -> usize {
+        let bytes = bytes::Bytes::copy_from_slice(file);
+        parquet::file::reader::FileReader::metadata(
+            &parquet::file::serialized_reader::SerializedFileReader::new(bytes).expect("read"),
+        )
+        .num_row_groups()
+    }
+
+    #[test]
+    fn column_by_column_writes_the_same_bytes_as_row_by_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inputs = wide_inputs(&dir.path().join("in"));
+
+        let [rows, columns] = both_ways(&inputs, &dir.path().join("one.parquet"), usize::MAX);
+        assert_eq!(rows.0.len(), 1);
+        assert!(row_groups(&rows.0[0].1) >= 2, "several row groups");
+        assert!(same(&rows.0, &columns.0), "the same bytes");
+        assert_eq!((&rows.1, &rows.2), (&columns.1, &columns.2));
+        // The last file only ties with the one before, which wins: none of its rows is kept,
+        // all are compared.
+        assert_eq!(rows.1.iter().filter(|&&kept| kept == 0).count(), 1);
+        assert_eq!(rows.1.last(), Some(&0));
+        assert!(rows.2.conflicts > 0 && rows.2.duplicates > rows.2.conflicts);
+
+        // Parts of 30,000 rows: cut off the 8,192-row grid, the last one short.
+        let [rows, columns] = both_ways(&inputs, &dir.path().join("parts"), 30_000);
+        assert!(rows.0.len() >= 4, "{} parts", rows.0.len());
+        assert!(same(&rows.0, &columns.0), "the same parts, the same bytes");
+        assert_eq!((&rows.1, &rows.2), (&columns.1, &columns.2));
+    }
+
+    #[test]
+    fn empty_inputs_and_errors_on_ties_go_row_by_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let schema = crate::generate::event_schema(40);
+        let path = dir.path().join("empty.parquet");
+        ArrowWriter::try_new(File::create(&path).expect("create"), schema, None)
+            .expect("writer")
+            .close()
+            .expect("close");
+        let job = DedupJob::new(vec![path.display().to_string()], "out.parquet");
+        let decided = decide_job(&job, &NoProgress).expect("decide");
+        assert!(!goes_columnwise(&job.spec, &decided));
+
+        let inputs = wide_inputs(&dir.path().join("in"));
+        let mut job = DedupJob::new(inputs, "out.parquet");
+        let decided = decide_job(&job, &NoProgress).expect("decide");
+        assert!(goes_columnwise(&job.spec, &decided));
+        job.spec.options.on_tie = TiePolicy::Error;
+        assert!(!goes_columnwise(&job.spec, &decided));
     }
 }

@@ -383,6 +383,15 @@ impl InputFile {
         self.read(&all, Some(rows))
     }
 
+    /// Reads the column `name` of the rows at `rows` (ascending, within the file); `None`
+    /// when the file has no such column.
+    pub fn read_column(&self, name: &str, rows: &[u64]) -> Result<Option<Batches>> {
+        match self.schema.index_of(name) {
+            Ok(index) => self.read(&[index], Some(rows)).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// Reads the columns at `indices` (ascending, into [`Self::schema`]).
     fn read(&self, indices: &[usize], rows: Option<&[u64]>) -> Result<Batches> {
         let stored = self.stored.len();

@@ -24,6 +24,7 @@
 #[cfg(feature = "ballista")]
 pub mod cluster;
 mod columns;
+mod columnwise;
 mod decide;
 mod dedup;
 mod duration;

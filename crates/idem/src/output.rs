@@ -31,6 +31,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::columns::ParallelWriter;
+use crate::columnwise::{self, ColumnSource};
 use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteLocation, StorageOptions};
 
@@ -200,13 +201,18 @@ impl OutputWriter {
         Ok(writer)
     }
 
-    fn open_part(&mut self) -> Result<()> {
-        let path = if self.single_file {
+    /// The path of the next part file.
+    fn next_part(&self) -> PathBuf {
+        if self.single_file {
             self.temp.clone()
         } else {
             self.temp
                 .join(format!("part-{:05}.parquet", self.files.len()))
-        };
+        }
+    }
+
+    fn open_part(&mut self) -> Result<()> {
+        let path = self.next_part();
         let file = File::create(&path).map_err(Error::io(&path))?;
         let writer =
             ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), writer_properties())
@@ -238,6 +244,48 @@ impl OutputWriter {
             }
         }
         Ok(())
+    }
+
+    /// Writes every row of `source` column by column (see [`crate::columnwise`]), into the
+    /// same files, row groups and bytes as [`Self::write`] would, and tells `written` of
+    /// every row group done. Only for a writer nothing was written to.
+    pub(crate) fn write_columnwise(
+        &mut self,
+        source: &mut dyn ColumnSource,
+        written: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        if self.rows_in_part > 0 || self.pending_rows > 0 || self.files.len() != 1 {
+            return Err(Error::InvalidArgument(
+                "column-by-column writing of an output already written to".to_owned(),
+            ));
+        }
+        // The row-wise writer of the first part goes: its file is written again from the
+        // start.
+        drop(self.writer.take());
+        let max_rows = if self.single_file {
+            u64::MAX
+        } else {
+            self.max_rows_per_file as u64
+        };
+        let mut first_row = 0;
+        loop {
+            let path = self.files.last().cloned().unwrap_or_default();
+            let rows = columnwise::write_part(
+                &path,
+                &self.schema,
+                writer_properties(),
+                first_row,
+                max_rows,
+                source,
+                written,
+            )?;
+            first_row += rows;
+            self.rows_in_part = usize::try_from(rows).unwrap_or(usize::MAX);
+            if rows < max_rows || source.prepare(first_row..first_row + 1)? == first_row {
+                return Ok(());
+            }
+            self.files.push(self.next_part());
+        }
     }
 
     /// Hands the pending rows to the Parquet writer as one batch.
