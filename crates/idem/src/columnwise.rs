@@ -34,7 +34,7 @@ use parquet::file::properties::WriterProperties;
 use crate::columns::{field_leaves, split_by_field};
 use crate::decide::Selection;
 use crate::error::{Error, Result};
-use crate::input::InputFile;
+use crate::input::{InputFile, RowsToRead};
 use crate::output::WRITE_CHUNK_ROWS;
 use crate::schema::conform;
 
@@ -47,7 +47,7 @@ const FIELD_THREADS: usize = 2;
 
 /// Fields a thread may take beyond the first not yet appended: bounds the finished column
 /// chunks waiting for a slower field before them.
-const FIELDS_AHEAD: usize = 4;
+const FIELDS_AHEAD: usize = 16;
 
 /// Where the values of an output written column by column come from.
 pub(crate) trait ColumnSource: Sync {
@@ -310,10 +310,11 @@ const NOT_TIED: u32 = u32::MAX;
 /// among or just before them.
 struct FileSlice {
     file: usize,
-    rows: Vec<u64>,
-    keep: Vec<bool>,
-    /// (index into `rows`, tie number) of the tied rows.
-    ties: Vec<(u32, u32)>,
+    rows: RowsToRead,
+    /// Which of `rows` are kept; `None` when all are.
+    keep: Option<BooleanArray>,
+    /// (index into `rows`, tie number) of the tied rows, ascending.
+    ties: Vec<(usize, u32)>,
 }
 
 impl PlannedFile {
@@ -434,14 +435,28 @@ impl<'a> Winners<'a> {
         Ok(true)
     }
 
-    /// Adds the hashes of field `field`'s values at the tied rows of `slice` (`values`
-    /// holds the values of all its rows) to the tied rows' sums.
-    fn add_tie_hashes(&self, field: usize, slice: &FileSlice, values: &ArrayRef) -> Result<()> {
-        if slice.ties.is_empty() || !self.compared[field] {
+    /// Adds the hashes of field `field`'s values at the tied rows of `slice` among its rows
+    /// `read` (whose values are `values`) to the tied rows' sums.
+    fn add_tie_hashes(
+        &self,
+        field: usize,
+        slice: &FileSlice,
+        read: Range<usize>,
+        values: &ArrayRef,
+    ) -> Result<()> {
+        if !self.compared[field] {
+            return Ok(());
+        }
+        let from = slice.ties.partition_point(|&(at, _)| at < read.start);
+        let to = slice.ties.partition_point(|&(at, _)| at < read.end);
+        if from == to {
             return Ok(());
         }
         let path = self.files[slice.file].path();
-        let (at, ties): (Vec<u32>, Vec<u32>) = slice.ties.iter().copied().unzip();
+        let (at, ties): (Vec<u32>, Vec<u32>) = slice.ties[from..to]
+            .iter()
+            .map(|&(at, tie)| ((at - read.start) as u32, tie))
+            .unzip();
         let tied = arrow::compute::take(values, &UInt32Array::from(at), None)
             .map_err(Error::arrow(path))?;
         let definition = self.schema.field(field);
@@ -488,15 +503,16 @@ impl ColumnSource for Winners<'_> {
                 .iter()
                 .filter_map(|p| {
                     let owned = p.owned(&owned, last);
+                    let keep = &p.keep[owned.clone()];
                     (!owned.is_empty()).then(|| FileSlice {
                         file: p.file,
-                        rows: p.rows[owned.clone()].to_vec(),
-                        keep: p.keep[owned.clone()].to_vec(),
+                        rows: self.files[p.file].rows_to_read(p.rows[owned.clone()].to_vec()),
+                        keep: (!keep.iter().all(|&k| k)).then(|| BooleanArray::from(keep.to_vec())),
                         ties: owned
                             .clone()
                             .enumerate()
                             .filter(|&(_, i)| p.tie[i] != NOT_TIED)
-                            .map(|(at, i)| (at as u32, p.tie[i]))
+                            .map(|(at, i)| (at, p.tie[i]))
                             .collect(),
                     })
                 })
@@ -511,35 +527,36 @@ impl ColumnSource for Winners<'_> {
         let mut arrays = Vec::new();
         for slice in &self.current {
             let file = &self.files[slice.file];
-            let values: ArrayRef = match file.read_column(definition.name(), &slice.rows)? {
+            let mut read = 0;
+            let mut kept = |values: ArrayRef| -> Result<()> {
+                let len = values.len();
+                self.add_tie_hashes(field, slice, read..read + len, &values)?;
+                arrays.push(match &slice.keep {
+                    None => values,
+                    Some(keep) => arrow::compute::filter(&values, &keep.slice(read, len))
+                        .map_err(Error::arrow(file.path()))?,
+                });
+                read += len;
+                Ok(())
+            };
+            match file.read_column(definition.name(), &slice.rows)? {
                 Some(batches) => {
-                    let mut parts = Vec::new();
                     for batch in batches {
                         let batch = conform(&batch?, &target, false, file.path())?;
-                        parts.push(Arc::clone(batch.column(0)));
+                        kept(Arc::clone(batch.column(0)))?;
                     }
-                    concat_arrays(&parts, definition.data_type(), file.path())?
                 }
-                None => new_null_array(definition.data_type(), slice.rows.len()),
-            };
-            if values.len() != slice.rows.len() {
+                None => kept(new_null_array(definition.data_type(), slice.rows.len()))?,
+            }
+            if read != slice.rows.len() {
                 return Err(Error::InvalidArgument(format!(
-                    "{}: expected {} rows of column '{}', read {}; was the file changed \
+                    "{}: expected {} rows of column '{}', read {read}; was the file changed \
                      during the run?",
                     file.path().display(),
                     slice.rows.len(),
                     definition.name(),
-                    values.len()
                 )));
             }
-            self.add_tie_hashes(field, slice, &values)?;
-            let kept = if slice.keep.iter().all(|&k| k) {
-                values
-            } else {
-                arrow::compute::filter(&values, &BooleanArray::from(slice.keep.clone()))
-                    .map_err(Error::arrow(file.path()))?
-            };
-            arrays.push(kept);
         }
         let fetched: usize = arrays.iter().map(|a| a.len()).sum();
         if fetched as u64 != rows.end - rows.start {

@@ -374,33 +374,48 @@ impl InputFile {
         // Batches come in schema order, as from a file with just these columns.
         indices.sort_unstable();
         indices.dedup();
-        self.read(&indices, None)
+        self.read(&indices, None, None)
     }
 
     /// Reads every column of the rows at `rows` (ascending, within the file).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
-        self.read(&all, Some(rows))
+        self.read(&all, Some(rows), None)
     }
 
-    /// Reads the column `name` of the rows at `rows` (ascending, within the file); `None`
-    /// when the file has no such column.
-    pub fn read_column(&self, name: &str, rows: &[u64]) -> Result<Option<Batches>> {
+    /// The rows at `rows` (ascending, within the file), to read one column after another.
+    pub(crate) fn rows_to_read(&self, rows: Vec<u64>) -> RowsToRead {
+        RowsToRead {
+            selection: selection(&rows, self.num_rows),
+            rows,
+        }
+    }
+
+    /// Reads the column `name` of `rows`; `None` when the file has no such column.
+    pub(crate) fn read_column(&self, name: &str, rows: &RowsToRead) -> Result<Option<Batches>> {
         match self.schema.index_of(name) {
-            Ok(index) => self.read(&[index], Some(rows)).map(Some),
+            Ok(index) => self
+                .read(&[index], Some(&rows.rows), Some(&rows.selection))
+                .map(Some),
             Err(_) => Ok(None),
         }
     }
 
-    /// Reads the columns at `indices` (ascending, into [`Self::schema`]).
-    fn read(&self, indices: &[usize], rows: Option<&[u64]>) -> Result<Batches> {
+    /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the rows at
+    /// `rows` if given (whose Parquet selection is `prepared`, if made already).
+    fn read(
+        &self,
+        indices: &[usize],
+        rows: Option<&[u64]>,
+        prepared: Option<&RowSelection>,
+    ) -> Result<Batches> {
         let stored = self.stored.len();
         let projection: Vec<usize> = indices
             .iter()
             .filter(|&&i| i < stored)
             .map(|&i| self.stored[i])
             .collect();
-        let batches = self.read_stored(projection, rows)?;
+        let batches = self.read_stored(projection, rows, prepared)?;
         let Some(constants) = &self.constants else {
             return Ok(batches);
         };
@@ -416,14 +431,23 @@ impl InputFile {
         })))
     }
 
-    fn read_stored(&self, projection: Vec<usize>, rows: Option<&[u64]>) -> Result<Batches> {
+    fn read_stored(
+        &self,
+        projection: Vec<usize>,
+        rows: Option<&[u64]>,
+        prepared: Option<&RowSelection>,
+    ) -> Result<Batches> {
+        let selection = rows.map(|rows| match prepared {
+            Some(prepared) => prepared.clone(),
+            None => selection(rows, self.num_rows),
+        });
         match (&self.format, self.source.stored()) {
             (Format::Parquet(metadata), StoredFile::Local(local)) => {
                 let file = File::open(local).map_err(Error::io(local))?;
-                self.read_parquet(file, metadata, projection, rows)
+                self.read_parquet(file, metadata, projection, selection)
             }
             (Format::Parquet(metadata), StoredFile::Remote(remote)) => {
-                self.read_parquet(remote.clone(), metadata, projection, rows)
+                self.read_parquet(remote.clone(), metadata, projection, selection)
             }
             (Format::Ipc { stream }, _) => {
                 let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
@@ -444,7 +468,7 @@ impl InputFile {
         input: R,
         metadata: &ArrowReaderMetadata,
         projection: Vec<usize>,
-        rows: Option<&[u64]>,
+        selection: Option<RowSelection>,
     ) -> Result<Batches> {
         let mut builder =
             ParquetRecordBatchReaderBuilder::new_with_metadata(input, metadata.clone())
@@ -453,14 +477,28 @@ impl InputFile {
             let mask = ProjectionMask::roots(builder.parquet_schema(), projection);
             builder = builder.with_projection(mask);
         }
-        if let Some(rows) = rows {
-            builder = builder.with_row_selection(selection(rows, self.num_rows));
+        if let Some(selection) = selection {
+            builder = builder.with_row_selection(selection);
         }
         let reader = builder.build().map_err(Error::parquet(&self.path))?;
         let path = self.path.clone();
         Ok(Box::new(
             reader.map(move |b| b.map_err(Error::arrow(&path))),
         ))
+    }
+}
+
+/// Rows of one file to read column after column, with their Parquet row selection made
+/// once for all the columns.
+pub(crate) struct RowsToRead {
+    rows: Vec<u64>,
+    selection: RowSelection,
+}
+
+impl RowsToRead {
+    /// The number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
     }
 }
 
