@@ -8,11 +8,16 @@
 //!  pass 2  every file, all columns, only the selected rows (Parquet row selection)
 //!            ├─ kept rows ──▶ OutputWriter (temporary name)
 //!            └─ tie rows  ──▶ TieCheck (conflicts)
+//!          or, for a wide schema, column by column (see `columnwise`): per output row
+//!          group, one field's selected rows at a time, kept ones to the writer, tied ones
+//!          hashed into their rows' sums
 //!  commit  rename into place
 //! ```
 //!
 //! The table holds keys, versions and positions, never whole rows, so memory grows with
-//! the number of distinct keys rather than the width or length of the input.
+//! the number of distinct keys rather than the width or length of the input; written
+//! column by column, a wide output holds two fields' readers and writers, not all of
+//! them.
 
 use std::ops::ControlFlow;
 use std::path::Path;
