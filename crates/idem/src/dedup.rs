@@ -418,6 +418,25 @@ pub(crate) struct Decided {
     pub decide_seconds: f64,
 }
 
+impl Decided {
+    /// What the dedup found, once pass 2 (started at `fetch_started`) kept `kept_per_file`
+    /// rows of each file and found `conflicts` keys whose tied rows differ.
+    fn into_run(self, kept_per_file: Vec<u64>, conflicts: u64, fetch_started: Instant) -> DedupRun {
+        let mut stats = self.decision.stats;
+        stats.conflicts = conflicts;
+        DedupRun {
+            files: self.files,
+            schema: self.schema,
+            stats,
+            kept_per_file,
+            key_partitions: self.decision.partitions,
+            table_bytes: self.decision.table_bytes,
+            decide_seconds: self.decide_seconds,
+            fetch_started,
+        }
+    }
+}
+
 /// Pass 1: opens `job`'s inputs and decides every key's winner.
 pub(crate) fn decide_job(job: &DedupJob, progress: &dyn Progress) -> Result<Decided> {
     let (files, schema) = open_inputs(job)?;
@@ -441,20 +460,17 @@ fn fetch_rows<S>(
     filter: &mut dyn WinnerFilter,
     mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
-    let Decided {
-        files,
-        schema,
-        mut decision,
-        decide_seconds,
-    } = decided;
+    let mut decided = decided;
+    let (files, schema) = (&decided.files, &decided.schema);
+    let decision = &mut decided.decision;
     let first_path = files
         .first()
         .map(|f| f.path().to_path_buf())
         .unwrap_or_default();
     let fetch_started = Instant::now();
-    let mut check = TieCheck::try_new(&schema, &job.spec, decision.tie_groups)
+    let mut check = TieCheck::try_new(schema, &job.spec, decision.tie_groups)
         .map_err(Error::arrow(&first_path))?;
-    let mut output = open(&schema)?;
+    let mut output = open(schema)?;
     filter.expect(decision.stats.rows_out)?;
     progress.phase(
         "writing",
@@ -463,7 +479,7 @@ fn fetch_rows<S>(
     // Decoding and selecting run on a second thread while this one encodes and compresses.
     let selection = &mut decision.selection;
     let mut kept_per_file = vec![0u64; files.len()];
-    let files_read = &files;
+    let files_read = files;
     pipeline(
         FETCH_DEPTH,
         |send| {
@@ -478,7 +494,7 @@ fn fetch_rows<S>(
                     }
                 };
                 start = end;
-                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, &schema, send) {
+                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, schema, send) {
                     return;
                 }
             }
@@ -501,20 +517,10 @@ fn fetch_rows<S>(
             Ok(ControlFlow::Continue(()))
         },
     )?;
-    let mut stats = decision.stats;
-    stats.conflicts = check.conflicts();
+    let conflicts = check.conflicts();
     Ok((
         output,
-        DedupRun {
-            files,
-            schema,
-            stats,
-            kept_per_file,
-            key_partitions: decision.partitions,
-            table_bytes: decision.table_bytes,
-            decide_seconds,
-            fetch_started,
-        },
+        decided.into_run(kept_per_file, conflicts, fetch_started),
     ))
 }
 
@@ -536,40 +542,22 @@ fn fetch_columnwise(
     decided: Decided,
     open: impl FnOnce(&SchemaRef) -> Result<OutputWriter>,
 ) -> Result<(OutputWriter, DedupRun)> {
-    let Decided {
-        files,
-        schema,
-        mut decision,
-        decide_seconds,
-    } = decided;
+    let mut decided = decided;
     let fetch_started = Instant::now();
-    let mut output = open(&schema)?;
-    progress.phase(
-        "writing",
-        decision.stats.rows_out + decision.stats.tombstones_kept,
-    );
+    let mut output = open(&decided.schema)?;
+    let stats = &decided.decision.stats;
+    progress.phase("writing", stats.rows_out + stats.tombstones_kept);
     let mut winners = Winners::new(
-        &files,
-        SchemaRef::clone(&schema),
+        &decided.files,
+        SchemaRef::clone(&decided.schema),
         &job.spec.keys,
-        &mut decision.selection,
+        &mut decided.decision.selection,
     );
     output.write_columnwise(&mut winners, &mut |rows| progress.advance(rows))?;
     let (kept_per_file, conflicts) = winners.finish()?;
-    let mut stats = decision.stats;
-    stats.conflicts = conflicts;
     Ok((
         output,
-        DedupRun {
-            stats,
-            kept_per_file,
-            key_partitions: decision.partitions,
-            table_bytes: decision.table_bytes,
-            decide_seconds,
-            fetch_started,
-            files,
-            schema,
-        },
+        decided.into_run(kept_per_file, conflicts, fetch_started),
     ))
 }
 
