@@ -172,7 +172,8 @@ impl Staging {
 
 fn write_empty_part(path: &Path, schema: &arrow::datatypes::SchemaRef) -> Result<()> {
     let file = std::fs::File::create(path).map_err(Error::io(path))?;
-    ArrowWriter::try_new(file, Arc::clone(schema), Some(writer_properties()))
+    writer_properties(schema)
+        .and_then(|properties| ArrowWriter::try_new(file, Arc::clone(schema), Some(properties)))
         .and_then(ArrowWriter::close)
         .map(|_| ())
         .map_err(Error::parquet(path))

@@ -583,9 +583,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let batches: Vec<RecordBatch> = (0..40).map(|i| batch(i * 9000, 9000)).collect();
         let path = dir.path().join("out.parquet");
-        let serial = written(&path, &batches, writer_properties(), false);
+        let properties = writer_properties(&batches[0].schema()).expect("properties");
+        let serial = written(&path, &batches, properties.clone(), false);
         assert!(serial.len() > 100_000);
-        assert_eq!(written(&path, &batches, writer_properties(), true), serial);
+        assert_eq!(written(&path, &batches, properties, true), serial);
     }
 
     #[test]
@@ -614,7 +615,7 @@ mod tests {
         let mut writer = ParallelWriter::try_new(
             File::create(dir.path().join("dropped.parquet")).expect("create"),
             b.schema(),
-            writer_properties(),
+            writer_properties(&b.schema()).expect("properties"),
         )
         .expect("writer");
         writer.write(&b).expect("write");
@@ -629,8 +630,8 @@ mod tests {
         let schema = batch(0, 1).schema();
         ParallelWriter::try_new(
             File::create(&path).expect("create"),
-            schema,
-            writer_properties(),
+            Arc::clone(&schema),
+            writer_properties(&schema).expect("properties"),
         )
         .expect("writer")
         .close()

@@ -26,8 +26,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
-use parquet::basic::{Compression, ZstdLevel};
+use arrow::datatypes::{Schema, SchemaRef};
+use parquet::arrow::ArrowSchemaConverter;
+use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::columns::ParallelWriter;
@@ -37,7 +38,7 @@ use crate::storage::{Location, RemoteLocation, StorageOptions};
 
 /// Rows per row group (DuckDB writes 122,880).
 pub(crate) const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
-/// Dictionary size at which a column chunk falls back to plain encoding.
+/// Dictionary size at which a column chunk falls back to its non-dictionary encoding.
 pub(crate) const MAX_DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
 /// Rows per call into the Parquet writer. Its page and dictionary decisions are taken per
 /// call, so calls of a fixed size make the bytes depend only on the rows, not on how the
@@ -86,21 +87,38 @@ pub(crate) fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
     Ok(target.with_file_name(format!(".{name}.idem-{tag}-{}", std::process::id())))
 }
 
-/// The writer settings of every idem output.
-pub(crate) fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
+/// The writer settings of every idem output of `schema`.
+///
+/// # Errors
+/// A schema Parquet cannot hold.
+pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<WriterProperties> {
+    let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         // A row group is buffered whole until it is written: a million rows (the default)
         // of wide rows is hundreds of megabytes. Bounded by rows, not bytes, so that row
         // groups fall at the same rows whatever the input's batches (f(f(x)) = f(x)).
         .set_max_row_group_row_count(Some(MAX_ROW_GROUP_ROWS))
         // Small row groups restart every column's dictionary; a small dictionary limit
-        // makes high-cardinality columns (UUID keys, free text) fall back to plain
-        // encoding at once instead of re-interning each row group, while low-cardinality
+        // makes high-cardinality columns (UUID keys, free text) fall back to the encodings
+        // below at once instead of re-interning each row group, while low-cardinality
         // columns keep their dictionaries. Measured faster and smaller on every shape in
         // benches/RESULTS.md.
-        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES)
-        .build()
+        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES);
+    // What a column falls back to when its dictionary fills. zstd is most of the cost of
+    // writing, and these hand it fewer bytes than PLAIN: integers (versions, timestamps,
+    // ids) as bit-packed deltas, text with its lengths apart from its bytes. Chosen by
+    // physical type alone, never by the data, so the same rows give the same bytes.
+    // Both are in every Parquet reader (parquet-mr, so Spark; DuckDB, Polars and pyarrow
+    // were checked to read them back in version-1 pages; DataFusion reads with this crate).
+    for column in ArrowSchemaConverter::new().convert(schema)?.columns() {
+        let fallback = match column.physical_type() {
+            PhysicalType::INT32 | PhysicalType::INT64 => Encoding::DELTA_BINARY_PACKED,
+            PhysicalType::BYTE_ARRAY => Encoding::DELTA_LENGTH_BYTE_ARRAY,
+            _ => continue,
+        };
+        builder = builder.set_column_encoding(column.path().clone(), fallback);
+    }
+    Ok(builder.build())
 }
 
 impl OutputWriter {
@@ -214,9 +232,11 @@ impl OutputWriter {
     fn open_part(&mut self) -> Result<()> {
         let path = self.next_part();
         let file = File::create(&path).map_err(Error::io(&path))?;
-        let writer =
-            ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), writer_properties())
-                .map_err(Error::parquet(&path))?;
+        let writer = writer_properties(&self.schema)
+            .and_then(|properties| {
+                ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), properties)
+            })
+            .map_err(Error::parquet(&path))?;
         self.writer = Some(writer);
         self.files.push(path);
         self.rows_in_part = 0;
@@ -273,7 +293,7 @@ impl OutputWriter {
             let rows = columnwise::write_part(
                 &path,
                 &self.schema,
-                writer_properties(),
+                writer_properties(&self.schema).map_err(Error::parquet(&path))?,
                 first_row,
                 max_rows,
                 source,
@@ -482,4 +502,62 @@ pub(crate) fn replace_file(path: &Path, contents: &str, option: &str) -> Result<
         let _ = std::fs::remove_file(&temporary);
         Error::io(path)(e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, ArrayRef, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    use super::*;
+
+    /// Unique integers and text fill their dictionaries and fall back to the delta
+    /// encodings; a column of six values keeps its dictionary; every value reads back.
+    #[test]
+    fn full_dictionaries_fall_back_to_delta_encodings_and_values_read_back() {
+        let rows = 200_000_i64;
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (0..rows).map(|i| 1_000_000 + i * 3),
+        ));
+        let texts: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| format!("event-{i:08x}")),
+        ));
+        let statuses: ArrayRef =
+            Arc::new(StringArray::from_iter_values((0..rows).map(|i| {
+                ["new", "paid", "sent", "done", "lost", "back"][i as usize % 6]
+            })));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, false),
+            Field::new("status", DataType::Utf8, false),
+        ]));
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![ids, texts, statuses]).expect("batch");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("out.parquet");
+        let mut writer = OutputWriter::try_new(&target, schema, usize::MAX).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.commit().expect("commit");
+
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&target).expect("open"))
+            .expect("reader");
+        for group in reader.metadata().row_groups() {
+            let encodings = |column: usize| group.column(column).encodings().collect::<Vec<_>>();
+            assert!(encodings(0).contains(&Encoding::DELTA_BINARY_PACKED));
+            assert!(encodings(1).contains(&Encoding::DELTA_LENGTH_BYTE_ARRAY));
+            assert!(!encodings(2).contains(&Encoding::DELTA_LENGTH_BYTE_ARRAY));
+            assert!(encodings(2).contains(&Encoding::RLE_DICTIONARY));
+        }
+        let read: Vec<RecordBatch> = reader
+            .build()
+            .expect("build")
+            .collect::<std::result::Result<_, _>>()
+            .expect("read");
+        let read = arrow::compute::concat_batches(&batch.schema(), &read).expect("concat");
+        assert_eq!(read, batch);
+        assert_eq!(read.column(0).len(), rows as usize);
+    }
 }
