@@ -3,6 +3,7 @@
 //! on loopback ports; the dedup is a third process, the client.
 #![cfg(feature = "ballista")]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::compute::{SortColumn, lexsort_to_indices, take_record_batch};
 use parquet::arrow::ArrowWriter;
+use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -125,6 +127,24 @@ fn part_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The bytes of each part of a directory output, in name order.
+/// Each column's encodings over every row group of a directory's parts, by column name.
+fn column_encodings(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut encodings: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for part in part_files(dir) {
+        let file = std::fs::File::open(&part).expect("part");
+        let reader = SerializedFileReader::new(file).expect("parquet");
+        for group in reader.metadata().row_groups() {
+            for column in group.columns() {
+                encodings
+                    .entry(column.column_path().string())
+                    .or_default()
+                    .extend(column.encodings().map(|e| format!("{e:?}")));
+            }
+        }
+    }
+    encodings
+}
+
 fn part_bytes(dir: &Path) -> Vec<Vec<u8>> {
     part_files(dir)
         .iter()
@@ -247,6 +267,18 @@ fn a_two_executor_cluster_writes_the_rows_of_a_local_run_in_deterministic_parts(
     );
     assert_eq!(sorted_rows(&first), sorted_rows(&local));
     assert_no_staging(&first);
+    // The executors write with the client's settings: full dictionaries fall back to the
+    // delta encodings there as they do in a local run.
+    let encodings = column_encodings(&first);
+    assert_eq!(encodings, column_encodings(&local));
+    assert!(
+        encodings["lsn"].contains("DELTA_BINARY_PACKED"),
+        "{encodings:?}"
+    );
+    assert!(
+        encodings["event_id"].contains("DELTA_LENGTH_BYTE_ARRAY"),
+        "{encodings:?}"
+    );
 
     // Again, over the first output: the same parts, byte for byte, replacing it whole.
     let before = part_bytes(&first);

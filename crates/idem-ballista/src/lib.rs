@@ -559,6 +559,10 @@ mod tests {
             row_group_rows: 131_072,
             dictionary_page_bytes: 65_536,
             zstd_level: 1,
+            fallback_encodings: vec![(
+                vec!["nested".to_owned(), "lsn".to_owned()],
+                "DELTA_BINARY_PACKED".to_owned(),
+            )],
         };
         let mut buf = Vec::new();
         encode_layout("write_parts_exec", &layout, &mut buf).expect("encode");

@@ -13,6 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -32,8 +33,9 @@ use datafusion::object_store::ObjectStore;
 use datafusion::object_store::buffered::BufWriter;
 use datafusion::object_store::path::Path;
 use datafusion::parquet::arrow::AsyncArrowWriter;
-use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::basic::{Compression, Encoding, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::parquet::schema::types::ColumnPath;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -57,21 +59,30 @@ pub struct PartsLayout {
     pub chunk_rows: usize,
     /// Rows per row group.
     pub row_group_rows: usize,
-    /// Dictionary page size at which a column falls back to plain encoding.
+    /// Dictionary page size at which a column falls back to its non-dictionary encoding.
     pub dictionary_page_bytes: usize,
     /// zstd level.
     pub zstd_level: i32,
+    /// Columns (path parts) and the encoding (its Parquet name) each falls back to when
+    /// its dictionary fills, where that is not `PLAIN`.
+    #[serde(default)]
+    pub fallback_encodings: Vec<(Vec<String>, String)>,
 }
 
 impl PartsLayout {
     fn writer_properties(&self) -> Result<WriterProperties> {
         let level = ZstdLevel::try_new(self.zstd_level)
             .map_err(|e| DataFusionError::Configuration(e.to_string()))?;
-        Ok(WriterProperties::builder()
+        let mut builder = WriterProperties::builder()
             .set_compression(Compression::ZSTD(level))
             .set_max_row_group_row_count(Some(self.row_group_rows.max(1)))
-            .set_dictionary_page_size_limit(self.dictionary_page_bytes)
-            .build())
+            .set_dictionary_page_size_limit(self.dictionary_page_bytes);
+        for (column, encoding) in &self.fallback_encodings {
+            let encoding = Encoding::from_str(encoding)
+                .map_err(|e| DataFusionError::Configuration(format!("part files: {e}")))?;
+            builder = builder.set_column_encoding(ColumnPath::new(column.clone()), encoding);
+        }
+        Ok(builder.build())
     }
 }
 

@@ -125,6 +125,7 @@ async fn executors_write_the_dedup_as_parts_and_return_their_counts() {
         row_group_rows: 512,
         dictionary_page_bytes: 4096,
         zstd_level: 1,
+        fallback_encodings: Vec::new(),
     };
     let scan = cluster
         .table("events")

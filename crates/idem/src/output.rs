@@ -30,6 +30,7 @@ use arrow::datatypes::{Schema, SchemaRef};
 use parquet::arrow::ArrowSchemaConverter;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::columns::ParallelWriter;
 use crate::columnwise::{self, ColumnSource};
@@ -104,21 +105,37 @@ pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<Writ
         // columns keep their dictionaries. Measured faster and smaller on every shape in
         // benches/RESULTS.md.
         .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES);
-    // What a column falls back to when its dictionary fills. zstd is most of the cost of
-    // writing, and these hand it fewer bytes than PLAIN: integers (versions, timestamps,
-    // ids) as bit-packed deltas, text with its lengths apart from its bytes. Chosen by
-    // physical type alone, never by the data, so the same rows give the same bytes.
-    // Both are in every Parquet reader (parquet-mr, so Spark; DuckDB, Polars and pyarrow
-    // were checked to read them back in version-1 pages; DataFusion reads with this crate).
-    for column in ArrowSchemaConverter::new().convert(schema)?.columns() {
-        let fallback = match column.physical_type() {
-            PhysicalType::INT32 | PhysicalType::INT64 => Encoding::DELTA_BINARY_PACKED,
-            PhysicalType::BYTE_ARRAY => Encoding::DELTA_LENGTH_BYTE_ARRAY,
-            _ => continue,
-        };
-        builder = builder.set_column_encoding(column.path().clone(), fallback);
+    for (column, encoding) in fallback_encodings(schema)? {
+        builder = builder.set_column_encoding(column, encoding);
     }
     Ok(builder.build())
+}
+
+/// What each column of `schema` falls back to when its dictionary fills, where that is not
+/// `PLAIN`. zstd is most of the cost of writing, and these hand it fewer bytes: integers
+/// (versions, timestamps, ids) as bit-packed deltas, text with its lengths apart from its
+/// bytes. Chosen by physical type alone, never by the data, so the same rows give the same
+/// bytes. Both are in every Parquet reader (parquet-mr, so Spark; DuckDB, Polars and pyarrow
+/// were checked to read them back in version-1 pages; DataFusion reads with this crate).
+///
+/// # Errors
+/// A schema Parquet cannot hold.
+pub(crate) fn fallback_encodings(
+    schema: &Schema,
+) -> parquet::errors::Result<Vec<(ColumnPath, Encoding)>> {
+    let columns = ArrowSchemaConverter::new().convert(schema)?;
+    Ok(columns
+        .columns()
+        .iter()
+        .filter_map(|column| {
+            let encoding = match column.physical_type() {
+                PhysicalType::INT32 | PhysicalType::INT64 => Encoding::DELTA_BINARY_PACKED,
+                PhysicalType::BYTE_ARRAY => Encoding::DELTA_LENGTH_BYTE_ARRAY,
+                _ => return None,
+            };
+            Some((column.path().clone(), encoding))
+        })
+        .collect())
 }
 
 impl OutputWriter {
