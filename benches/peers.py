@@ -20,8 +20,9 @@ as text, in column-name order, hashed; summed over rows) must equal idem's.
                       (crates/idem/examples/copy.rs; give its binary with --copy)
   floor-duckdb        I/O floor: DuckDB COPY (SELECT * FROM read_parquet(...)) TO ...
 
-The table gives wall median (min-max), CPU seconds (median), the largest peak RSS, rows
-out, the ratio to the first engine and to the faster I/O floor.
+The table gives wall median (min-max), CPU seconds (median), the largest peak RSS, the
+size of the last round's output, rows out, the ratio to the first engine and to the faster
+I/O floor.
 
 Usage:
   python benches/peers.py IDEM_BINARY INPUT_DIR [--copy COPY_BINARY] [--sql-binary BINARY]
@@ -155,6 +156,14 @@ def checksums(paths):
     return sums
 
 
+def output_bytes(path):
+    """Bytes of an output, a file or a directory of part files."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("idem")
@@ -207,6 +216,7 @@ def main():
             print(engine, " ".join(f"{w:.2f}s/{c:.1f}cpu/{r:.0f}MiB" for w, c, r in runs),
                   failed.get(engine, ""), flush=True)
         outputs = {e: f"{out}/{e}.parquet" for e in engines if results[e]}
+        sizes = {e: output_bytes(path) for e, path in outputs.items()}
         sums = checksums(list(outputs.values()))
     rows = {e: sums.get(path, (None, None)) for e, path in outputs.items()}
     reference = rows.get(engines[0], (None, None))
@@ -216,7 +226,7 @@ def main():
     base = statistics.median(w for w, _, _ in results[engines[0]])
     print(f"{args.inputs}, {args.rounds} rounds")
     print(f"{'engine':19} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
-          f"{'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8}")
+          f"{'output MB':>10} {'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8}")
     for engine, runs in results.items():
         if not runs:
             wall, rss, failure = failed[engine]
@@ -229,7 +239,7 @@ def main():
                 else "yes" if (count, total) == reference else "NO")
         print(f"{engine:19} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
               f"{statistics.median(c for _, c, _ in runs):>7.1f} {max(r for _, _, r in runs):>13.0f} "
-              f"{count if count is not None else '?':>11} {same:>9} {median / base:>8.2f} "
+              f"{sizes[engine] / 1e6:>10.1f} {count if count is not None else '?':>11} {same:>9} {median / base:>8.2f} "
               f"{median / floor if floor else float('nan'):>8.2f}")
     if any(rows[e] != reference for e in outputs if not e.startswith("floor")):
         print("ERROR: engines disagree on the rows (count or checksum)")
