@@ -45,6 +45,22 @@ const BATCHES_IN_FLIGHT: usize = 4;
 /// buys little, as there are enough columns to share out, and would cost memory.
 const BYTES_IN_FLIGHT: usize = 8 << 20;
 
+/// The bytes `batch`'s rows occupy, counted for [`BYTES_IN_FLIGHT`]: a slice of a larger
+/// batch (the output's chunks are slices of the filtered reads) counts only its own rows,
+/// not the whole buffers it shares with its neighbours.
+fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            column
+                .to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| column.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// Writes record batches to one Parquet file, columns encoded in parallel.
 pub(crate) struct ParallelWriter {
     shared: Arc<Shared>,
@@ -201,7 +217,7 @@ impl ParallelWriter {
             state.batches.is_empty()
                 || (state.batches.len() < BATCHES_IN_FLIGHT && state.batch_bytes < BYTES_IN_FLIGHT)
         })?;
-        state.batch_bytes += batch.get_array_memory_size();
+        state.batch_bytes += batch_bytes(&batch);
         state.batches.push_back(batch);
         drop(state);
         self.shared.changed.notify_all();
@@ -453,7 +469,7 @@ impl Encoding {
                 field.next_batch += 1;
                 let encoded_by_all = self.fields.iter().map(|f| f.next_batch).min();
                 while encoded_by_all.is_some_and(|n| self.first_batch < n) {
-                    let bytes = self.batches.pop_front().map(|b| b.get_array_memory_size());
+                    let bytes = self.batches.pop_front().map(|b| batch_bytes(&b));
                     self.batch_bytes -= bytes.unwrap_or(0);
                     self.first_batch += 1;
                 }
@@ -576,6 +592,20 @@ mod tests {
             writer.close().expect("close");
         }
         std::fs::read(path).expect("read")
+    }
+
+    #[test]
+    fn a_slice_counts_its_own_rows_in_flight() {
+        let whole = batch(0, 40_000);
+        let slice = whole.slice(10_000, 8192);
+        let (whole_bytes, slice_bytes) = (batch_bytes(&whole), batch_bytes(&slice));
+        // Shared buffers would count whole; the slice's own rows are about a fifth.
+        assert!(
+            slice_bytes * 4 < whole_bytes,
+            "{slice_bytes} of {whole_bytes}"
+        );
+        assert!(slice_bytes > 0);
+        assert!(whole.get_array_memory_size() >= whole_bytes);
     }
 
     #[test]

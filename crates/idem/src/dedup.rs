@@ -487,7 +487,7 @@ fn fetch_rows<S>(
             for (index, file) in files.iter().enumerate() {
                 let end = start + file.num_rows();
                 let plan = match selection.plan(start, end) {
-                    Ok(plan) => plan,
+                    Ok(plan) => plan.with_short_gaps_read(DECODE_GAPS_BELOW),
                     Err(e) => {
                         send(Err(e));
                         return;
@@ -560,6 +560,16 @@ fn fetch_columnwise(
         decided.into_run(kept_per_file, conflicts, fetch_started),
     ))
 }
+
+/// Gaps between selected rows shorter than this are read and dropped by pass 2's own
+/// filter (row by row, or field by field for a wide schema) instead of being skipped by
+/// the Parquet reader. A selection fragmented into
+/// short runs makes the reader decode every row anyway and filter its batch with a mask
+/// (its `RowSelectionPolicy::Auto`, at about the same run length), and pass 2 then
+/// filtered that batch a second time by its keep mask: one copy of every kept value too
+/// many. Reading the short gaps leaves the reader long runs, which it decodes straight
+/// into its batch, and the keep mask drops the gaps with the losers in one filter.
+pub(crate) const DECODE_GAPS_BELOW: u64 = 32;
 
 /// Whole-row batches in flight between pass 2's reader and its writer: enough to ride
 /// out their speeds' ups and downs, few enough that wide rows stay cheap.
@@ -681,6 +691,41 @@ impl FilePlan {
             });
             k += usize::from(next_keep == position);
             t += usize::from(next_tie == position);
+        }
+        plan
+    }
+
+    /// The plan with every gap of fewer than `below` rows between two of its rows added as
+    /// rows read but neither kept nor tied.
+    pub(crate) fn with_short_gaps_read(self, below: u64) -> Self {
+        let gap_rows: u64 = self
+            .rows
+            .windows(2)
+            .map(|pair| pair[1] - pair[0] - 1)
+            .filter(|&gap| gap < below)
+            .sum();
+        if gap_rows == 0 {
+            return self;
+        }
+        let capacity = self.rows.len() + gap_rows as usize;
+        let mut plan = Self {
+            rows: Vec::with_capacity(capacity),
+            keep: Vec::with_capacity(capacity),
+            group: Vec::with_capacity(capacity),
+        };
+        let mut previous: Option<u64> = None;
+        for ((&row, &keep), &group) in self.rows.iter().zip(&self.keep).zip(&self.group) {
+            if let Some(previous) = previous.filter(|&p| row - p - 1 < below) {
+                for gap in previous + 1..row {
+                    plan.rows.push(gap);
+                    plan.keep.push(false);
+                    plan.group.push(u32::MAX);
+                }
+            }
+            plan.rows.push(row);
+            plan.keep.push(keep);
+            plan.group.push(group);
+            previous = Some(row);
         }
         plan
     }
@@ -871,6 +916,34 @@ mod tests {
             &parquet::file::serialized_reader::SerializedFileReader::new(bytes).expect("read"),
         )
         .num_row_groups()
+    }
+
+    #[test]
+    fn short_gaps_are_read_and_neither_kept_nor_tied() {
+        let ties = [
+            TieRow {
+                position: 103,
+                group: 0,
+            },
+            TieRow {
+                position: 200,
+                group: 1,
+            },
+        ];
+        // Positions start at 100: rows 0, 1, 3, 40 and 100 of the file.
+        let plan = FilePlan::from_sorted(&[100, 101, 140, 200], &ties, 100);
+        let plan = plan.with_short_gaps_read(4);
+        // The gap of one row (2) is read; those of 36 and 59 rows are skipped.
+        assert_eq!(plan.rows, [0, 1, 2, 3, 40, 100]);
+        assert_eq!(plan.keep, [true, true, false, false, true, true]);
+        assert_eq!(plan.group, [u32::MAX, u32::MAX, u32::MAX, 0, u32::MAX, 1]);
+
+        let (keep, (tie_rows, groups)) = plan.slice(1, 3);
+        assert_eq!(keep, BooleanArray::from(vec![true, false, false]));
+        assert_eq!((tie_rows, groups), (vec![2], vec![0]));
+
+        let dense = FilePlan::from_sorted(&[0, 1, 2], &[], 0).with_short_gaps_read(32);
+        assert_eq!(dense.rows, [0, 1, 2]);
     }
 
     #[test]

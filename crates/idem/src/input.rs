@@ -24,6 +24,15 @@ use crate::storage::{Location, RemoteFile, StorageOptions};
 
 /// Rows per batch when reading.
 const BATCH_SIZE: usize = 8192;
+/// Most rows per batch when reading whole rows (pass 2 row by row). Filtered down to
+/// their winners, such batches still hold several of the writer's 8,192-row chunks, which
+/// it takes as slices; only a chunk that straddles two batches is copied together. At
+/// 8,192 rows every chunk straddled two batches, and that copy was 1.5 % of a dedup's
+/// instructions.
+const MAX_ROW_BATCH_SIZE: usize = 4 * BATCH_SIZE;
+/// Uncompressed bytes a batch of whole rows may hold: wide rows keep [`BATCH_SIZE`], as
+/// several such batches are in flight between the reader and the writer.
+const ROW_BATCH_BYTES: u64 = 8 << 20;
 
 /// The on-disk format of an input file.
 #[derive(Debug, Clone)]
@@ -374,13 +383,31 @@ impl InputFile {
         // Batches come in schema order, as from a file with just these columns.
         indices.sort_unstable();
         indices.dedup();
-        self.read(&indices, None, None)
+        self.read(&indices, None, None, BATCH_SIZE)
     }
 
     /// Reads every column of the rows at `rows` (ascending, within the file).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
-        self.read(&all, Some(rows), None)
+        self.read(&all, Some(rows), None, self.row_batch_size())
+    }
+
+    /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
+    /// uncompressed size, between [`BATCH_SIZE`] and [`MAX_ROW_BATCH_SIZE`].
+    fn row_batch_size(&self) -> usize {
+        let Format::Parquet(metadata) = &self.format else {
+            return BATCH_SIZE;
+        };
+        let bytes: i64 = metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|group| group.total_byte_size())
+            .sum();
+        let bytes_per_row = (bytes.max(1) as u64).div_ceil(self.num_rows.max(1));
+        usize::try_from(ROW_BATCH_BYTES / bytes_per_row)
+            .unwrap_or(MAX_ROW_BATCH_SIZE)
+            .clamp(BATCH_SIZE, MAX_ROW_BATCH_SIZE)
     }
 
     /// The rows at `rows` (ascending, within the file), to read one column after another.
@@ -395,19 +422,26 @@ impl InputFile {
     pub(crate) fn read_column(&self, name: &str, rows: &RowsToRead) -> Result<Option<Batches>> {
         match self.schema.index_of(name) {
             Ok(index) => self
-                .read(&[index], Some(&rows.rows), Some(&rows.selection))
+                .read(
+                    &[index],
+                    Some(&rows.rows),
+                    Some(&rows.selection),
+                    BATCH_SIZE,
+                )
                 .map(Some),
             Err(_) => Ok(None),
         }
     }
 
     /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the rows at
-    /// `rows` if given (whose Parquet selection is `prepared`, if made already).
+    /// `rows` if given (whose Parquet selection is `prepared`, if made already), in batches
+    /// of `batch_size` rows from Parquet.
     fn read(
         &self,
         indices: &[usize],
         rows: Option<&[u64]>,
         prepared: Option<&RowSelection>,
+        batch_size: usize,
     ) -> Result<Batches> {
         let stored = self.stored.len();
         let projection: Vec<usize> = indices
@@ -415,7 +449,7 @@ impl InputFile {
             .filter(|&&i| i < stored)
             .map(|&i| self.stored[i])
             .collect();
-        let batches = self.read_stored(projection, rows, prepared)?;
+        let batches = self.read_stored(projection, rows, prepared, batch_size)?;
         let Some(constants) = &self.constants else {
             return Ok(batches);
         };
@@ -436,6 +470,7 @@ impl InputFile {
         projection: Vec<usize>,
         rows: Option<&[u64]>,
         prepared: Option<&RowSelection>,
+        batch_size: usize,
     ) -> Result<Batches> {
         let selection = rows.map(|rows| match prepared {
             Some(prepared) => prepared.clone(),
@@ -444,10 +479,10 @@ impl InputFile {
         match (&self.format, self.source.stored()) {
             (Format::Parquet(metadata), StoredFile::Local(local)) => {
                 let file = File::open(local).map_err(Error::io(local))?;
-                self.read_parquet(file, metadata, projection, selection)
+                self.read_parquet(file, metadata, projection, selection, batch_size)
             }
             (Format::Parquet(metadata), StoredFile::Remote(remote)) => {
-                self.read_parquet(remote.clone(), metadata, projection, selection)
+                self.read_parquet(remote.clone(), metadata, projection, selection, batch_size)
             }
             (Format::Ipc { stream }, _) => {
                 let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
@@ -469,10 +504,11 @@ impl InputFile {
         metadata: &ArrowReaderMetadata,
         projection: Vec<usize>,
         selection: Option<RowSelection>,
+        batch_size: usize,
     ) -> Result<Batches> {
         let mut builder =
             ParquetRecordBatchReaderBuilder::new_with_metadata(input, metadata.clone())
-                .with_batch_size(BATCH_SIZE);
+                .with_batch_size(batch_size);
         if projection.len() < metadata.schema().fields().len() {
             let mask = ProjectionMask::roots(builder.parquet_schema(), projection);
             builder = builder.with_projection(mask);
@@ -642,6 +678,53 @@ pub(crate) fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Parquet file of `rows` rows of an integer and a text of `text_bytes` bytes.
+    fn file_of(dir: &Path, name: &str, rows: usize, text_bytes: usize) -> InputFile {
+        use arrow::array::{Int64Array, StringArray};
+        let path = dir.join(name);
+        let text = "x".repeat(text_bytes);
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+            ),
+            (
+                "text",
+                Arc::new(StringArray::from_iter_values((0..rows).map(|_| &text))),
+            ),
+        ])
+        .expect("batch");
+        let mut writer = parquet::arrow::ArrowWriter::try_new(
+            File::create(&path).expect("create"),
+            batch.schema(),
+            None,
+        )
+        .expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+        let sources = expand_inputs(&[path.display().to_string()], &StorageOptions::default())
+            .expect("expand");
+        InputFile::open(&sources[0]).expect("open")
+    }
+
+    #[test]
+    fn whole_rows_come_in_batches_of_a_few_megabytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let narrow = file_of(dir.path(), "narrow.parquet", 50_000, 8);
+        assert_eq!(narrow.row_batch_size(), MAX_ROW_BATCH_SIZE);
+        let wide = file_of(dir.path(), "wide.parquet", 2_000, 4_000);
+        assert_eq!(wide.row_batch_size(), BATCH_SIZE);
+        // The batches of a read are that size.
+        let rows: Vec<u64> = (0..50_000).collect();
+        let sizes: Vec<usize> = narrow
+            .read_rows(&rows)
+            .expect("read")
+            .map(|b| b.expect("batch").num_rows())
+            .collect();
+        assert_eq!(sizes[0], MAX_ROW_BATCH_SIZE);
+        assert_eq!(sizes.iter().sum::<usize>(), 50_000);
+    }
 
     #[test]
     fn selection_runs() {
