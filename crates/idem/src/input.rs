@@ -683,16 +683,16 @@ mod tests {
     fn file_of(dir: &Path, name: &str, rows: usize, text_bytes: usize) -> InputFile {
         use arrow::array::{Int64Array, StringArray};
         let path = dir.join(name);
-        let text = "x".repeat(text_bytes);
+        // Distinct texts, so that the column is not one dictionary entry.
+        let texts: Vec<String> = (0..rows)
+            .map(|i| format!("{i:08}{}", "x".repeat(text_bytes.saturating_sub(8))))
+            .collect();
         let batch = RecordBatch::try_from_iter([
             (
                 "id",
                 Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
             ),
-            (
-                "text",
-                Arc::new(StringArray::from_iter_values((0..rows).map(|_| &text))),
-            ),
+            ("text", Arc::new(StringArray::from_iter_values(&texts))),
         ])
         .expect("batch");
         let mut writer = parquet::arrow::ArrowWriter::try_new(
