@@ -33,7 +33,6 @@ use parquet::file::properties::WriterProperties;
 
 use crate::columns::{field_leaves, split_by_field};
 use crate::decide::Selection;
-use crate::dedup::DECODE_GAPS_BELOW;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, RowsToRead};
 use crate::output::WRITE_CHUNK_ROWS;
@@ -401,11 +400,7 @@ impl<'a> Winners<'a> {
             return Ok(false);
         };
         let end = self.next_position + file.num_rows();
-        let (rows, keep, groups) = self
-            .selection
-            .plan(self.next_position, end)?
-            .with_short_gaps_read(DECODE_GAPS_BELOW)
-            .into_parts();
+        let (rows, keep, groups) = self.selection.plan(self.next_position, end)?.into_parts();
         let kept_at: Vec<usize> = (0..rows.len()).filter(|&i| keep[i]).collect();
         self.kept_per_file[self.next_file] = kept_at.len() as u64;
         let tie = groups

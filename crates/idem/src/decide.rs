@@ -32,7 +32,7 @@ use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use idem_core::key::KeyRouter;
 use idem_core::{DedupSpec, DedupStats, KeepMaxTable, Resolution, TieRow};
 
-use crate::dedup::{FilePlan, Progress, pipeline};
+use crate::dedup::{DECODE_GAPS_BELOW, FilePlan, Progress, pipeline};
 use crate::error::{Error, Result};
 use crate::input::InputFile;
 use crate::schema::conform;
@@ -532,6 +532,13 @@ impl Selection {
     /// The plan for the file holding positions `start..end`; files must be asked for in
     /// input order.
     pub(crate) fn plan(&mut self, start: u64, end: u64) -> Result<FilePlan> {
+        // Both of pass 2's readers want the short gaps read (see `DECODE_GAPS_BELOW`).
+        self.exact_plan(start, end)
+            .map(|plan| plan.with_short_gaps_read(DECODE_GAPS_BELOW))
+    }
+
+    /// The winners and tied rows at positions `start..end`, and nothing else.
+    fn exact_plan(&mut self, start: u64, end: u64) -> Result<FilePlan> {
         match self {
             Self::InMemory { keep, ties } => {
                 let keep = {

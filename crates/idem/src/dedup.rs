@@ -487,7 +487,7 @@ fn fetch_rows<S>(
             for (index, file) in files.iter().enumerate() {
                 let end = start + file.num_rows();
                 let plan = match selection.plan(start, end) {
-                    Ok(plan) => plan.with_short_gaps_read(DECODE_GAPS_BELOW),
+                    Ok(plan) => plan,
                     Err(e) => {
                         send(Err(e));
                         return;
