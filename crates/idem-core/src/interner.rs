@@ -37,11 +37,27 @@ pub enum KeyInterner {
 }
 
 impl KeyInterner {
-    /// Assigns a slot to every row of `keys`.
-    pub fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
-        match self {
-            Self::Rows(table) => table.intern(keys, slots),
-            Self::Narrow(table) => table.intern(keys, slots),
+    /// Whether the table takes [`EncodedKeys`] in their narrow (`u64`) form.
+    pub fn is_narrow(&self) -> bool {
+        matches!(self, Self::Narrow(_))
+    }
+
+    /// Assigns a slot to every row of `keys`, encoding them into `scratch` first.
+    pub fn intern(&mut self, keys: &KeyColumns, scratch: &mut EncodedKeys, slots: &mut Vec<u32>) {
+        scratch.encode(keys, self.is_narrow());
+        self.intern_encoded(scratch, slots);
+    }
+
+    /// Assigns a slot to every row of already-encoded keys. Keys encoded in the other
+    /// form than [`Self::is_narrow`] says are a caller's error, caught by
+    /// [`crate::KeepMaxTable`] before it gets here; they would get wrong slots.
+    pub fn intern_encoded(&mut self, keys: &EncodedKeys, slots: &mut Vec<u32>) {
+        match (self, &keys.form) {
+            (Self::Rows(table), KeyForm::Rows(rows)) => table.intern(rows, &keys.hashes, slots),
+            (Self::Narrow(table), KeyForm::Narrow(values)) => {
+                table.intern(values, &keys.hashes, slots);
+            }
+            _ => slots.clear(),
         }
     }
 
@@ -64,6 +80,105 @@ impl KeyInterner {
             Self::Rows(table) => table.size(),
             Self::Narrow(table) => table.size(),
         }
+    }
+}
+
+/// One batch's keys as the tables compare them, with each row's 64-bit hash.
+///
+/// Encoding and hashing need no table, so they can run on another thread than the probing,
+/// and a batch split between several tables by hash (see [`Self::route`]) is encoded and
+/// hashed once, not once to route it and again in its table.
+#[derive(Debug, Default)]
+pub struct EncodedKeys {
+    form: KeyForm,
+    hashes: Vec<u64>,
+}
+
+#[derive(Debug)]
+enum KeyForm {
+    /// Compact byte strings ([`KeyColumns::encode_compact_rows`]).
+    Rows(KeyRows),
+    /// One fixed-width column's bits; `None` for a null.
+    Narrow(Vec<Option<u64>>),
+}
+
+impl Default for KeyForm {
+    fn default() -> Self {
+        Self::Rows(KeyRows::default())
+    }
+}
+
+impl EncodedKeys {
+    /// Replaces the contents with `keys`, in the narrow form if `narrow` (which needs a
+    /// single fixed-width key column of at most 8 bytes).
+    pub fn encode(&mut self, keys: &KeyColumns, narrow: bool) {
+        self.hashes.clear();
+        if narrow {
+            let mut values = match std::mem::take(&mut self.form) {
+                KeyForm::Narrow(values) => values,
+                KeyForm::Rows(_) => Vec::new(),
+            };
+            keys.narrow_values(&mut values);
+            // A null's hash only steers a prefetch: nulls never enter the table.
+            self.hashes
+                .extend(values.iter().map(|v| mix(v.unwrap_or(0))));
+            self.form = KeyForm::Narrow(values);
+        } else {
+            let mut rows = match std::mem::take(&mut self.form) {
+                KeyForm::Rows(rows) => rows,
+                KeyForm::Narrow(_) => KeyRows::default(),
+            };
+            keys.encode_compact_rows(&mut rows);
+            self.hashes
+                .extend((0..keys.num_rows()).map(|row| hash_bytes(rows.row(row))));
+            self.form = KeyForm::Rows(rows);
+        }
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+
+    /// Whether the keys are in the narrow form.
+    pub fn is_narrow(&self) -> bool {
+        matches!(self.form, KeyForm::Narrow(_))
+    }
+
+    /// The part (`0..parts`) of `row`'s key. It comes from the hash's low 32 bits, which
+    /// the tables never use (they keep and probe with the high 32), so the keys of one
+    /// part still spread over all of a table's buckets and tags.
+    #[inline]
+    pub fn route(&self, row: usize, parts: u32) -> u32 {
+        (self.hashes[row] as u32) % parts.max(1)
+    }
+
+    /// An empty set in the same form as `self`, with room for `rows` rows.
+    pub(crate) fn empty_like(&self, rows: usize) -> Self {
+        let form = match &self.form {
+            KeyForm::Rows(_) => KeyForm::Rows(KeyRows::with_capacity(rows, rows * 24)),
+            KeyForm::Narrow(_) => KeyForm::Narrow(Vec::with_capacity(rows)),
+        };
+        Self {
+            form,
+            hashes: Vec::with_capacity(rows),
+        }
+    }
+
+    /// Appends row `row` of `other`, which must be in the same form.
+    #[inline]
+    pub(crate) fn push_row_of(&mut self, other: &Self, row: usize) {
+        match (&mut self.form, &other.form) {
+            (KeyForm::Rows(mine), KeyForm::Rows(theirs)) => mine.push(theirs.row(row)),
+            (KeyForm::Narrow(mine), KeyForm::Narrow(theirs)) => mine.push(theirs[row]),
+            _ => return,
+        }
+        self.hashes.push(other.hashes[row]);
     }
 }
 
@@ -241,23 +356,20 @@ impl StoredKeys for KeyArena {
 pub struct RowInterner {
     table: HashTable<(u32, u32)>,
     arena: KeyArena,
-    rows: KeyRows,
     hashes: Vec<u32>,
     candidates: Vec<u32>,
 }
 
 impl RowInterner {
-    fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
-        keys.encode_compact_rows(&mut self.rows);
+    fn intern(&mut self, rows: &KeyRows, full_hashes: &[u64], slots: &mut Vec<u32>) {
         let Self {
             table,
             arena,
-            rows,
             hashes,
             candidates,
         } = self;
         hashes.clear();
-        hashes.extend((0..keys.num_rows()).map(|row| short_hash(hash_bytes(rows.row(row)))));
+        hashes.extend(full_hashes.iter().map(|&h| short_hash(h)));
         probe_ahead(
             table,
             arena,
@@ -301,7 +413,6 @@ pub struct NarrowInterner {
     /// Each slot's key bits; the null key's slot (not in `table`) holds 0.
     values: NarrowValues,
     null_slot: Option<u32>,
-    scratch: Vec<Option<u64>>,
     hashes: Vec<u32>,
     candidates: Vec<u32>,
 }
@@ -320,19 +431,16 @@ impl StoredKeys for NarrowValues {
 }
 
 impl NarrowInterner {
-    fn intern(&mut self, keys: &KeyColumns, slots: &mut Vec<u32>) {
-        keys.narrow_values(&mut self.scratch);
+    fn intern(&mut self, scratch: &[Option<u64>], full_hashes: &[u64], slots: &mut Vec<u32>) {
         let Self {
             table,
             values,
             null_slot,
-            scratch,
             hashes,
             candidates,
         } = self;
         hashes.clear();
-        // A null's hash only steers a prefetch: nulls never enter the table.
-        hashes.extend(scratch.iter().map(|v| short_hash(mix(v.unwrap_or(0)))));
+        hashes.extend(full_hashes.iter().map(|&h| short_hash(h)));
         probe_ahead(
             table,
             values,
@@ -393,7 +501,16 @@ mod tests {
             .and_then(|layout| layout.canonicalise(&columns))
             .expect("key columns");
         let mut slots = Vec::new();
-        interner.intern(&keys, &mut slots);
+        let mut encoded = EncodedKeys::default();
+        encoded.encode(&keys, false);
+        interner.intern(
+            match &encoded.form {
+                KeyForm::Rows(rows) => rows,
+                KeyForm::Narrow(_) => unreachable!("encoded as rows"),
+            },
+            &encoded.hashes,
+            &mut slots,
+        );
         slots
     }
 

@@ -445,12 +445,17 @@ impl KeyColumns {
 
     /// The number of rows with a null in any key column.
     pub fn rows_with_null(&self) -> usize {
+        self.null_rows().map_or(0, |nulls| nulls.null_count())
+    }
+
+    /// The rows with a null in any key column, as nulls of a buffer (`None`: no nulls).
+    pub fn null_rows(&self) -> Option<NullBuffer> {
         self.columns
             .iter()
             .fold(None::<NullBuffer>, |acc, c| {
                 NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
             })
-            .map_or(0, |nulls| nulls.null_count())
+            .filter(|nulls| nulls.null_count() > 0)
     }
 }
 
@@ -674,6 +679,26 @@ pub struct KeyRows {
 }
 
 impl KeyRows {
+    /// Empty, with room for `rows` keys of `bytes` bytes in all.
+    pub(crate) fn with_capacity(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Self {
+            data: Vec::with_capacity(bytes),
+            offsets,
+        }
+    }
+
+    /// Appends one encoded key.
+    #[inline]
+    pub(crate) fn push(&mut self, key: &[u8]) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.data.extend_from_slice(key);
+        self.offsets.push(self.data.len());
+    }
+
     /// The encoded key of `row`.
     #[inline]
     pub fn row(&self, row: usize) -> &[u8] {

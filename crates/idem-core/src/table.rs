@@ -20,10 +20,11 @@
 //! fetch the winning rows afterwards (late materialisation) and emit them in input order.
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow::buffer::NullBuffer;
 use arrow::datatypes::{Field, Schema};
 use arrow::error::ArrowError;
 
-use crate::interner::{KeyInterner, NarrowInterner, RowInterner};
+use crate::interner::{EncodedKeys, KeyInterner, NarrowInterner, RowInterner};
 use crate::key::KeyLayout;
 use crate::options::{DedupSpec, TiePolicy};
 use crate::prefetch::prefetch_index;
@@ -60,8 +61,9 @@ const TIED: u8 = 2;
 #[derive(Debug)]
 pub struct KeepMaxTable {
     spec: DedupSpec,
-    keys: KeyLayout,
     versions: VersionLayout,
+    /// Encodes batches for this table (its key layout and interner kind).
+    preparer: RowPreparer,
     interner: KeyInterner,
     winner: Vec<u64>,
     version: Vec<u8>,
@@ -75,8 +77,7 @@ pub struct KeepMaxTable {
 #[derive(Debug, Default)]
 struct Scratch {
     slots: Vec<u32>,
-    versions: Vec<u8>,
-    tombstones: Vec<bool>,
+    prepared: PreparedRows,
 }
 
 /// Finds a column by name, with an error naming it.
@@ -120,10 +121,17 @@ impl KeepMaxTable {
             Some(_) => KeyInterner::Narrow(NarrowInterner::default()),
             None => KeyInterner::Rows(RowInterner::default()),
         };
-        Ok(Self {
+        let versions = VersionLayout::try_new(&version_fields)?;
+        let preparer = RowPreparer {
             spec: spec.clone(),
             keys,
-            versions: VersionLayout::try_new(&version_fields)?,
+            versions: versions.clone(),
+            narrow: interner.is_narrow(),
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            versions,
+            preparer,
             interner,
             winner: Vec::new(),
             version: Vec::new(),
@@ -141,6 +149,7 @@ impl KeepMaxTable {
     pub fn with_generic_keys(mut self) -> Self {
         if self.interner.is_empty() {
             self.interner = KeyInterner::Rows(RowInterner::default());
+            self.preparer.narrow = false;
         }
         self
     }
@@ -204,36 +213,36 @@ impl KeepMaxTable {
         batch: &RecordBatch,
         position_of: impl Fn(usize) -> u64,
     ) -> Result<(), ArrowError> {
-        let num_rows = batch.num_rows();
-        let key_columns: Vec<ArrayRef> = self
-            .spec
-            .keys
-            .iter()
-            .map(|k| column(batch, k, "key").cloned())
-            .collect::<Result<_, _>>()?;
-        let version_columns: Vec<ArrayRef> = self
-            .spec
-            .versions
-            .iter()
-            .map(|v| column(batch, v, "version").cloned())
-            .collect::<Result<_, _>>()?;
-        let keys = self.keys.canonicalise(&key_columns)?;
-        let scratch = &mut self.scratch;
-        self.versions
-            .encode(&version_columns, num_rows, &mut scratch.versions)?;
-        scratch.tombstones.clear();
-        if let Some(deletes) = &self.spec.options.deletes {
-            deletes.mark_tombstones(
-                column(batch, &deletes.op_column, "op")?,
-                &mut scratch.tombstones,
-            )?;
-        } else {
-            scratch.tombstones.resize(num_rows, false);
-        }
-        self.interner.intern(&keys, &mut scratch.slots);
-        self.null_keys += keys.rows_with_null() as u64;
+        let mut prepared = std::mem::take(&mut self.scratch.prepared);
+        let outcome = self
+            .preparer
+            .prepare_into(batch, position_of, &mut prepared)
+            .and_then(|()| self.update_prepared(&prepared));
+        self.scratch.prepared = prepared;
+        outcome
+    }
 
+    /// The encoder of batches for this table, to run where the table is not (on a
+    /// decoding thread, say); see [`PreparedRows`].
+    pub fn preparer(&self) -> RowPreparer {
+        self.preparer.clone()
+    }
+
+    /// Consumes rows prepared by this table's [`Self::preparer`] (or a table's of the same
+    /// spec and key kind), at the positions they were prepared with.
+    ///
+    /// # Errors
+    /// Rows prepared for another key table (narrow against generic) or version width.
+    pub fn update_prepared(&mut self, rows: &PreparedRows) -> Result<(), ArrowError> {
         let width = self.versions.width();
+        if rows.keys.is_narrow() != self.interner.is_narrow() || rows.width != width {
+            return Err(ArrowError::InvalidArgumentError(
+                "rows prepared for another key table".to_owned(),
+            ));
+        }
+        let scratch = &mut self.scratch;
+        self.interner.intern_encoded(&rows.keys, &mut scratch.slots);
+        self.null_keys += rows.null_keys;
         let last_wins = self.spec.options.on_tie == TiePolicy::Last;
         for (row, &slot) in scratch.slots.iter().enumerate() {
             // A key seen before has its winner, version and flags far apart in memory:
@@ -244,13 +253,9 @@ impl KeepMaxTable {
                 prefetch_index(&self.version, ahead * width);
                 prefetch_index(&self.flags, ahead);
             }
-            let position = position_of(row);
-            let incoming = &scratch.versions[row * width..(row + 1) * width];
-            let tombstone = if scratch.tombstones[row] {
-                TOMBSTONE
-            } else {
-                0
-            };
+            let position = rows.positions[row];
+            let incoming = &rows.versions[row * width..(row + 1) * width];
+            let tombstone = if rows.tombstones[row] { TOMBSTONE } else { 0 };
             let s = slot as usize;
             if s == self.winner.len() {
                 self.winner.push(position);
@@ -297,7 +302,7 @@ impl KeepMaxTable {
                 }
             }
         }
-        self.rows_in += num_rows as u64;
+        self.rows_in += rows.len() as u64;
         Ok(())
     }
 
@@ -404,4 +409,132 @@ pub struct Resolution {
     pub tie_groups: u32,
     /// Counts; `conflicts` stays 0 until the tie rows have been compared.
     pub stats: DedupStats,
+}
+
+/// Encodes batches for a [`KeepMaxTable`] without the table: the key, version and op
+/// columns become a [`PreparedRows`].
+#[derive(Debug, Clone)]
+pub struct RowPreparer {
+    spec: DedupSpec,
+    keys: KeyLayout,
+    versions: VersionLayout,
+    narrow: bool,
+}
+
+impl RowPreparer {
+    /// Encodes `batch`, whose rows sit at `positions` of the input, into `out` (its
+    /// buffers are reused).
+    ///
+    /// # Errors
+    /// As [`KeepMaxTable::update`].
+    pub fn prepare_into(
+        &self,
+        batch: &RecordBatch,
+        positions: impl Fn(usize) -> u64,
+        out: &mut PreparedRows,
+    ) -> Result<(), ArrowError> {
+        let num_rows = batch.num_rows();
+        let key_columns: Vec<ArrayRef> = self
+            .spec
+            .keys
+            .iter()
+            .map(|k| column(batch, k, "key").cloned())
+            .collect::<Result<_, _>>()?;
+        let version_columns: Vec<ArrayRef> = self
+            .spec
+            .versions
+            .iter()
+            .map(|v| column(batch, v, "version").cloned())
+            .collect::<Result<_, _>>()?;
+        let keys = self.keys.canonicalise(&key_columns)?;
+        self.versions
+            .encode(&version_columns, num_rows, &mut out.versions)?;
+        out.width = self.versions.width();
+        out.tombstones.clear();
+        if let Some(deletes) = &self.spec.options.deletes {
+            deletes.mark_tombstones(
+                column(batch, &deletes.op_column, "op")?,
+                &mut out.tombstones,
+            )?;
+        } else {
+            out.tombstones.resize(num_rows, false);
+        }
+        out.keys.encode(&keys, self.narrow);
+        out.positions.clear();
+        out.positions.extend((0..num_rows).map(positions));
+        out.key_nulls = keys.null_rows();
+        out.null_keys = out.key_nulls.as_ref().map_or(0, |n| n.null_count() as u64);
+        Ok(())
+    }
+
+    /// Encodes `batch`, whose first row sits at position `first` of the input.
+    ///
+    /// # Errors
+    /// As [`KeepMaxTable::update`].
+    pub fn prepare(&self, batch: &RecordBatch, first: u64) -> Result<PreparedRows, ArrowError> {
+        let mut out = PreparedRows::default();
+        self.prepare_into(batch, |row| first + row as u64, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// One batch's rows encoded for a [`KeepMaxTable`] (keys with their hashes, versions,
+/// delete marks, positions), by a [`RowPreparer`].
+///
+/// Split by key hash ([`Self::split`]), the parts go to tables that each own a share of
+/// the keys: every key is encoded and hashed once, and the parts copy encoded bytes, not
+/// the batch's columns.
+#[derive(Debug, Default)]
+pub struct PreparedRows {
+    keys: EncodedKeys,
+    versions: Vec<u8>,
+    width: usize,
+    tombstones: Vec<bool>,
+    positions: Vec<u64>,
+    /// Rows with a null in any key column, if any (only to split `null_keys`).
+    key_nulls: Option<NullBuffer>,
+    null_keys: u64,
+}
+
+impl PreparedRows {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// Splits the rows into `parts` by key hash, each part in the rows' order; all rows of
+    /// a key land in the same part, whatever batch they come in.
+    pub fn split(&self, parts: u32) -> Vec<PreparedRows> {
+        let parts = parts.max(1);
+        let room = self.len() / parts as usize + 64;
+        let mut out: Vec<PreparedRows> = (0..parts)
+            .map(|_| PreparedRows {
+                keys: self.keys.empty_like(room),
+                versions: Vec::with_capacity(room * self.width),
+                width: self.width,
+                tombstones: Vec::with_capacity(room),
+                positions: Vec::with_capacity(room),
+                key_nulls: None,
+                null_keys: 0,
+            })
+            .collect();
+        let width = self.width;
+        for row in 0..self.len() {
+            let part = &mut out[self.keys.route(row, parts) as usize];
+            part.keys.push_row_of(&self.keys, row);
+            part.versions
+                .extend_from_slice(&self.versions[row * width..(row + 1) * width]);
+            part.tombstones.push(self.tombstones[row]);
+            part.positions.push(self.positions[row]);
+            if self.key_nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                part.null_keys += 1;
+            }
+        }
+        out
+    }
 }

@@ -419,14 +419,53 @@ fn partitioned_kernel(case: &Case, partitions: u32) -> Outcome {
         for (batch, positions) in &rows {
             table.update_at(batch, positions).expect("update");
         }
-        let part = outcome(case, table.finish());
-        total.keep.extend(part.keep);
-        total.rows_out += part.rows_out;
-        total.duplicates += part.duplicates;
-        total.superseded += part.superseded;
-        total.deleted += part.deleted;
-        total.conflicts += part.conflicts;
-        total.null_keys += part.null_keys;
+        add_outcome(&mut total, outcome(case, table.finish()));
+    }
+    total.keep.sort_unstable();
+    total
+}
+
+fn add_outcome(total: &mut Outcome, part: Outcome) {
+    total.keep.extend(part.keep);
+    total.rows_out += part.rows_out;
+    total.duplicates += part.duplicates;
+    total.superseded += part.superseded;
+    total.deleted += part.deleted;
+    total.conflicts += part.conflicts;
+    total.null_keys += part.null_keys;
+}
+
+/// The kernel as pass 1 runs it in memory: every batch encoded once by a preparer, split
+/// by key hash into `parts`, each part consumed by its own table.
+fn split_kernel(case: &Case, parts: u32, generic_keys: bool) -> Outcome {
+    let mut tables: Vec<KeepMaxTable> = (0..parts)
+        .map(|_| {
+            let table = KeepMaxTable::try_new(&case.schema, &case.spec).expect("table");
+            if generic_keys {
+                table.with_generic_keys()
+            } else {
+                table
+            }
+        })
+        .collect();
+    let preparer = tables[0].preparer();
+    let mut first = 0u64;
+    for batch in &case.batches {
+        let prepared = preparer.prepare(batch, first).expect("prepare");
+        assert_eq!(prepared.len(), batch.num_rows());
+        let split = prepared.split(parts);
+        assert_eq!(
+            split.iter().map(|p| p.len()).sum::<usize>(),
+            batch.num_rows()
+        );
+        for (table, part) in tables.iter_mut().zip(&split) {
+            table.update_prepared(part).expect("update");
+        }
+        first += batch.num_rows() as u64;
+    }
+    let mut total = Outcome::default();
+    for table in tables {
+        add_outcome(&mut total, outcome(case, table.finish()));
     }
     total.keep.sort_unstable();
     total
@@ -465,6 +504,14 @@ fn kernel_matches_reference_on_random_batches() {
                 case.spec
             );
         }
+        let parts = 1 + (seed % 3) as u32;
+        let generic = seed % 2 == 1;
+        assert_eq!(
+            split_kernel(&case, parts, generic),
+            expected,
+            "seed {seed}, prepared rows split {parts} ways, generic keys {generic}, spec {:?}",
+            case.spec
+        );
         let partitions = 1 + (seed % 5) as u32;
         assert_eq!(
             partitioned_kernel(&case, partitions),

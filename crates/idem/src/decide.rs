@@ -30,7 +30,7 @@ use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use idem_core::key::KeyRouter;
-use idem_core::{DedupSpec, DedupStats, KeepMaxTable, Resolution, TieRow};
+use idem_core::{DedupSpec, DedupStats, KeepMaxTable, PreparedRows, Resolution, TieRow};
 
 use crate::dedup::{DECODE_GAPS_BELOW, FilePlan, Progress, pipeline};
 use crate::error::{Error, Result};
@@ -114,20 +114,17 @@ fn decide_in_memory(
     let first = first_path(files);
     let mut table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
     let helper_table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
-    let mut router =
-        KeyRouter::try_new(decision_schema, &spec.keys).map_err(Error::arrow(first))?;
+    let preparer = table.preparer();
     let helper_bytes = AtomicUsize::new(0);
     let overflowed = AtomicBool::new(false);
     let (outcome, own, helper) = std::thread::scope(|scope| {
-        let (send, receive) = sync_channel::<(RecordBatch, UInt64Array, PathBuf)>(DECISION_DEPTH);
+        let (send, receive) = sync_channel::<(PreparedRows, PathBuf)>(DECISION_DEPTH);
         let helper_bytes = &helper_bytes;
         let overflowed = &overflowed;
         let helper = scope.spawn(move || -> Result<Option<(usize, Resolution)>> {
             let mut table = helper_table;
-            for (batch, positions, path) in receive {
-                table
-                    .update_at(&batch, &positions)
-                    .map_err(Error::arrow(&path))?;
+            for (rows, path) in receive {
+                table.update_prepared(&rows).map_err(Error::arrow(&path))?;
                 helper_bytes.store(table.size(), Ordering::Relaxed);
             }
             // Each thread resolves (and sorts) its own table's winners, at the same time.
@@ -136,43 +133,37 @@ fn decide_in_memory(
             }
             Ok(Some((table.size(), table.finish())))
         });
-        // Routing and splitting run on the decoding thread, so that this thread and the
-        // helper only probe their tables.
-        let mut routes = Vec::new();
+        // Encoding, hashing and splitting run on the decoding thread, once per row, so
+        // that this thread and the helper only probe their tables.
         let mut next_position = 0u64;
+        let mut prepared = PreparedRows::default();
         let split = move |path: &Path, batch: RecordBatch| {
-            router
-                .route(&batch, 2, &mut routes)
+            let first = next_position;
+            preparer
+                .prepare_into(&batch, |row| first + row as u64, &mut prepared)
                 .map_err(Error::arrow(path))?;
-            let [mine, theirs] = split_rows(&routes);
-            let (part, positions) = rows_at(&batch, theirs, next_position, path)?;
-            send.send((part, positions, path.to_path_buf()))
-                .map_err(|_| Error::InvalidArgument("the second key table stopped".to_owned()))?;
-            let mine = rows_at(&batch, mine, next_position, path)?;
             next_position += batch.num_rows() as u64;
+            let [mine, theirs]: [PreparedRows; 2] = prepared.split(2).try_into().map_err(|_| {
+                Error::InvalidArgument("a batch split into other than two parts".to_owned())
+            })?;
+            send.send((theirs, path.to_path_buf()))
+                .map_err(|_| Error::InvalidArgument("the second key table stopped".to_owned()))?;
             Ok((mine, batch.num_rows() as u64))
         };
         let mut rows_read = 0u64;
         let mut overflow = None;
-        let outcome = read_decision_columns(
-            files,
-            decision_schema,
-            split,
-            |path, ((part, positions), rows)| {
-                table
-                    .update_at(&part, &positions)
-                    .map_err(Error::arrow(path))?;
-                rows_read += rows;
-                progress.advance(rows);
-                let size = table.size() + helper_bytes.load(Ordering::Relaxed);
-                if budget.is_some_and(|b| size > b) {
-                    overflow = Some(size as f64 / rows_read.max(1) as f64);
-                    overflowed.store(true, Ordering::SeqCst);
-                    return Ok(ControlFlow::Break(()));
-                }
-                Ok(ControlFlow::Continue(()))
-            },
-        );
+        let outcome = read_decision_columns(files, decision_schema, split, |path, (mine, rows)| {
+            table.update_prepared(&mine).map_err(Error::arrow(path))?;
+            rows_read += rows;
+            progress.advance(rows);
+            let size = table.size() + helper_bytes.load(Ordering::Relaxed);
+            if budget.is_some_and(|b| size > b) {
+                overflow = Some(size as f64 / rows_read.max(1) as f64);
+                overflowed.store(true, Ordering::SeqCst);
+                return Ok(ControlFlow::Break(()));
+            }
+            Ok(ControlFlow::Continue(()))
+        });
         let own = match (&outcome, overflow) {
             (Ok(()), None) => Some((table.size(), table.finish())),
             _ => None,
@@ -217,30 +208,6 @@ fn decide_in_memory(
         table_bytes,
         partitions: 1,
     }))
-}
-
-/// The rows of a two-way routing, each list ascending.
-fn split_rows(routes: &[u32]) -> [Vec<u32>; 2] {
-    let mut parts = [
-        Vec::with_capacity(routes.len() / 2 + 64),
-        Vec::with_capacity(routes.len() / 2 + 64),
-    ];
-    for (row, &part) in routes.iter().enumerate() {
-        parts[part as usize & 1].push(row as u32);
-    }
-    parts
-}
-
-/// The rows `rows` of `batch`, and their positions in the input (`first` is the batch's).
-fn rows_at(
-    batch: &RecordBatch,
-    rows: Vec<u32>,
-    first: u64,
-    path: &Path,
-) -> Result<(RecordBatch, UInt64Array)> {
-    let positions = UInt64Array::from_iter_values(rows.iter().map(|&r| first + u64::from(r)));
-    let part = take_record_batch(batch, &UInt32Array::from(rows)).map_err(Error::arrow(path))?;
-    Ok((part, positions))
 }
 
 /// Merges two lists ascending by `position` into one.
@@ -585,28 +552,5 @@ mod tests {
         assert_eq!(merged, vec![0, 1, 2, 3, 4, 5, 9, 10, 11]);
         assert_eq!(merge_sorted(Vec::new(), vec![7u64], |&p| p), vec![7]);
         assert_eq!(merge_sorted(vec![7u64], Vec::new(), |&p| p), vec![7]);
-    }
-
-    #[test]
-    fn rows_split_in_order_with_their_positions() {
-        let [zero, one] = split_rows(&[1, 0, 0, 1, 1]);
-        assert_eq!(
-            (zero.as_slice(), one.as_slice()),
-            (&[1, 2][..], &[0, 3, 4][..])
-        );
-        let batch = RecordBatch::try_from_iter([(
-            "k",
-            Arc::new(UInt64Array::from(vec![10u64, 11, 12, 13, 14])) as arrow::array::ArrayRef,
-        )])
-        .expect("batch");
-        let (part, positions) = rows_at(&batch, one, 100, Path::new("f")).expect("rows");
-        assert_eq!(positions.values().to_vec(), vec![100, 103, 104]);
-        assert_eq!(
-            part.column(0)
-                .as_any()
-                .downcast_ref::<UInt64Array>()
-                .map(|a| a.values().to_vec()),
-            Some(vec![10, 13, 14])
-        );
     }
 }
