@@ -47,7 +47,7 @@ pub mod version;
 pub use memory::dedup_batches;
 pub use options::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use pick::{Pick, PickByVersion, as_encoded_versions};
-pub use rowhash::{RowHasher, content_type};
+pub use rowhash::{RowHasher, content_type, mix_value_hashes};
 pub use stats::DedupStats;
 pub use table::{KeepMaxTable, PreparedRows, Resolution, RowPreparer, TieRow};
 pub use ties::{TieCheck, describe_row};

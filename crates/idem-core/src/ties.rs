@@ -4,22 +4,24 @@
 //! same key and version. They are harmless when the tied rows are identical; when they
 //! differ in some non-key column the producer sent two different facts under one version,
 //! and which one survives depends only on input order. A [`TieCheck`] counts such keys
-//! (`conflicts`) from a 128-bit hash of each tied row's non-key columns in Arrow's row
-//! format, and fails at the first one under [`TiePolicy::Error`].
+//! (`conflicts`) from a 128-bit hash of each tied row's non-key values
+//! ([`crate::mix_value_hashes`]), and fails at the first one under [`TiePolicy::Error`].
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow::error::ArrowError;
+use arrow::row::{RowConverter, SortField};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::options::{DedupSpec, TiePolicy};
-use crate::rowhash::RowHasher;
+use crate::rowhash::{content_type, mix_value_hashes};
 
 /// Compares the tie rows of a [`crate::Resolution`] group by group.
 #[derive(Debug)]
 pub struct TieCheck {
     spec: DedupSpec,
-    content: RowHasher,
+    /// The non-key columns, whose values tied rows must share.
+    content: Vec<String>,
     first_hash: Vec<Option<u128>>,
     conflicted: Vec<bool>,
     conflicts: u64,
@@ -37,9 +39,17 @@ impl TieCheck {
             .filter(|f| !spec.keys.contains(f.name()))
             .map(|f| f.name().clone())
             .collect();
+        for name in &content {
+            let data_type = content_type(schema.field_with_name(name)?.data_type());
+            if !RowConverter::supports_fields(&[SortField::new(data_type.clone())]) {
+                return Err(ArrowError::NotYetImplemented(format!(
+                    "column '{name}' of type {data_type} cannot be compared between tied rows"
+                )));
+            }
+        }
         Ok(Self {
             spec: spec.clone(),
-            content: RowHasher::try_new(schema, &content)?,
+            content,
             first_hash: vec![None; groups as usize],
             conflicted: vec![false; groups as usize],
             conflicts: 0,
@@ -56,7 +66,13 @@ impl TieCheck {
     /// # Errors
     /// Under [`TiePolicy::Error`], the first conflicting key, named with its key and version.
     pub fn observe(&mut self, batch: &RecordBatch, groups: &[u32]) -> Result<(), ArrowError> {
-        let hashes = self.content.hash(batch)?;
+        let mut hashes = vec![0u128; batch.num_rows()];
+        for name in &self.content {
+            let column = batch
+                .column_by_name(name)
+                .ok_or_else(|| ArrowError::SchemaError(format!("column '{name}' not found")))?;
+            mix_value_hashes(column.as_ref(), &mut hashes)?;
+        }
         for (row, (&group, hash)) in groups.iter().zip(hashes).enumerate() {
             let g = group as usize;
             match self.first_hash[g] {

@@ -24,9 +24,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array, new_null_array};
+use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, new_null_array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use idem_core::RowHasher;
+use idem_core::mix_value_hashes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_leaves};
 use parquet::file::properties::WriterProperties;
@@ -459,15 +459,8 @@ impl<'a> Winners<'a> {
             .unzip();
         let tied = arrow::compute::take(values, &UInt32Array::from(at), None)
             .map_err(Error::arrow(path))?;
-        let definition = self.schema.field(field);
-        let batch = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![definition.clone().with_nullable(true)])),
-            vec![tied],
-        )
-        .map_err(Error::arrow(path))?;
-        let hasher = RowHasher::try_new(batch.schema_ref(), &[definition.name().clone()])
-            .map_err(Error::arrow(path))?;
-        let hashes = hasher.hash(&batch).map_err(Error::arrow(path))?;
+        let mut hashes = vec![0u128; tied.len()];
+        mix_value_hashes(tied.as_ref(), &mut hashes).map_err(Error::arrow(path))?;
         // An odd multiplier per field: a bijection, so a field's differing values never
         // sum the same, and equal values in two fields do not cancel out.
         let weight = (u128::from(field as u64) << 1 | 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
