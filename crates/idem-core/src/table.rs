@@ -377,7 +377,7 @@ impl KeepMaxTable {
             kept += 1;
         }
         winner.truncate(kept);
-        winner.sort_unstable();
+        sort_distinct_positions(&mut winner);
         Resolution {
             keep: winner,
             tie_rows,
@@ -393,6 +393,44 @@ impl KeepMaxTable {
                 distinct_keys,
                 tombstones_kept,
             },
+        }
+    }
+}
+
+/// Sorts `positions`, which are distinct, ascending.
+///
+/// The kept positions of a dedup fill a good part of their range, so setting a bit per
+/// position and reading the bits back in order is linear, where a comparison sort takes
+/// ~n log n steps; this runs between the two passes, with nothing else to overlap it.
+/// Positions spread too thin for a bitmap of at most 64 bits each are sorted.
+fn sort_distinct_positions(positions: &mut Vec<u64>) {
+    let (Some(&low), Some(&high)) = (positions.iter().min(), positions.iter().max()) else {
+        return;
+    };
+    let span = high - low + 1;
+    if span / 64 > positions.len() as u64 {
+        positions.sort_unstable();
+        return;
+    }
+    let mut bits = vec![0u64; span.div_ceil(64) as usize];
+    for &position in positions.iter() {
+        let offset = position - low;
+        bits[(offset / 64) as usize] |= 1 << (offset % 64);
+    }
+    let set: u64 = bits.iter().map(|word| u64::from(word.count_ones())).sum();
+    if set != positions.len() as u64 {
+        // Not distinct after all: a bitmap would drop the repeats.
+        positions.sort_unstable();
+        return;
+    }
+    positions.clear();
+    for (index, &word) in bits.iter().enumerate() {
+        // At most `high`: a word's base never passes the last position.
+        let base = low + index as u64 * 64;
+        let mut word = word;
+        while word != 0 {
+            positions.push(base + u64::from(word.trailing_zeros()));
+            word &= word - 1;
         }
     }
 }
@@ -536,5 +574,55 @@ impl PreparedRows {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sort_distinct_positions;
+
+    /// Distinct positions drawn from `0..range` at a density of `keep` in 1,000, shuffled.
+    fn shuffled(range: u64, keep: u64, offset: u64, seed: u64) -> Vec<u64> {
+        let mut state = seed;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            state >> 33
+        };
+        let mut positions: Vec<u64> = (0..range)
+            .filter(|_| next() % 1000 < keep)
+            .map(|p| p + offset)
+            .collect();
+        for i in (1..positions.len()).rev() {
+            positions.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        positions
+    }
+
+    #[test]
+    fn positions_sort_as_a_comparison_sort_does() {
+        for (seed, (range, keep, offset)) in [
+            (0, 0, 0),
+            (1, 1000, 0),
+            (100, 1000, 7),
+            (10_000, 730, 1 << 40),
+            (10_000, 10, 3),
+            (100_000, 1, 64),
+            (65, 500, u64::MAX - 65),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut positions = shuffled(range, keep, offset, seed as u64);
+            let mut expected = positions.clone();
+            expected.sort_unstable();
+            sort_distinct_positions(&mut positions);
+            assert_eq!(positions, expected, "range {range}, density {keep}/1000");
+        }
+        // Repeats (never made by a table) still sort, without losing any.
+        let mut repeated = vec![5, 3, 5, 4, 3];
+        sort_distinct_positions(&mut repeated);
+        assert_eq!(repeated, [3, 3, 4, 5, 5]);
     }
 }
