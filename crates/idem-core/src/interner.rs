@@ -42,12 +42,6 @@ impl KeyInterner {
         matches!(self, Self::Narrow(_))
     }
 
-    /// Assigns a slot to every row of `keys`, encoding them into `scratch` first.
-    pub fn intern(&mut self, keys: &KeyColumns, scratch: &mut EncodedKeys, slots: &mut Vec<u32>) {
-        scratch.encode(keys, self.is_narrow());
-        self.intern_encoded(scratch, slots);
-    }
-
     /// Assigns a slot to every row of already-encoded keys. Keys encoded in the other
     /// form than [`Self::is_narrow`] says are a caller's error, caught by
     /// [`crate::KeepMaxTable`] before it gets here; they would get wrong slots.

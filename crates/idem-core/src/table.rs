@@ -61,8 +61,7 @@ const TIED: u8 = 2;
 #[derive(Debug)]
 pub struct KeepMaxTable {
     spec: DedupSpec,
-    versions: VersionLayout,
-    /// Encodes batches for this table (its key layout and interner kind).
+    /// Encodes batches for this table (its key and version layouts, and interner kind).
     preparer: RowPreparer,
     interner: KeyInterner,
     winner: Vec<u64>,
@@ -97,6 +96,14 @@ fn column<'a>(batch: &'a RecordBatch, name: &str, role: &str) -> Result<&'a Arra
         .ok_or_else(|| ArrowError::SchemaError(format!("{role} column '{name}' not found")))
 }
 
+/// The columns `names` of `batch`, in that order (see [`column`]).
+fn columns(batch: &RecordBatch, names: &[String], role: &str) -> Result<Vec<ArrayRef>, ArrowError> {
+    names
+        .iter()
+        .map(|name| column(batch, name, role).cloned())
+        .collect()
+}
+
 impl KeepMaxTable {
     /// A table for batches of `schema`, deduplicating as `spec` says.
     ///
@@ -121,16 +128,14 @@ impl KeepMaxTable {
             Some(_) => KeyInterner::Narrow(NarrowInterner::default()),
             None => KeyInterner::Rows(RowInterner::default()),
         };
-        let versions = VersionLayout::try_new(&version_fields)?;
         let preparer = RowPreparer {
             spec: spec.clone(),
             keys,
-            versions: versions.clone(),
+            versions: VersionLayout::try_new(&version_fields)?,
             narrow: interner.is_narrow(),
         };
         Ok(Self {
             spec: spec.clone(),
-            versions,
             preparer,
             interner,
             winner: Vec::new(),
@@ -234,7 +239,7 @@ impl KeepMaxTable {
     /// # Errors
     /// Rows prepared for another key table (narrow against generic) or version width.
     pub fn update_prepared(&mut self, rows: &PreparedRows) -> Result<(), ArrowError> {
-        let width = self.versions.width();
+        let width = self.preparer.versions.width();
         if rows.keys.is_narrow() != self.interner.is_narrow() || rows.width != width {
             return Err(ArrowError::InvalidArgumentError(
                 "rows prepared for another key table".to_owned(),
@@ -472,19 +477,10 @@ impl RowPreparer {
         out: &mut PreparedRows,
     ) -> Result<(), ArrowError> {
         let num_rows = batch.num_rows();
-        let key_columns: Vec<ArrayRef> = self
-            .spec
+        let keys = self
             .keys
-            .iter()
-            .map(|k| column(batch, k, "key").cloned())
-            .collect::<Result<_, _>>()?;
-        let version_columns: Vec<ArrayRef> = self
-            .spec
-            .versions
-            .iter()
-            .map(|v| column(batch, v, "version").cloned())
-            .collect::<Result<_, _>>()?;
-        let keys = self.keys.canonicalise(&key_columns)?;
+            .canonicalise(&columns(batch, &self.spec.keys, "key")?)?;
+        let version_columns = columns(batch, &self.spec.versions, "version")?;
         self.versions
             .encode(&version_columns, num_rows, &mut out.versions)?;
         out.width = self.versions.width();
@@ -503,16 +499,6 @@ impl RowPreparer {
         out.key_nulls = keys.null_rows();
         out.null_keys = out.key_nulls.as_ref().map_or(0, |n| n.null_count() as u64);
         Ok(())
-    }
-
-    /// Encodes `batch`, whose first row sits at position `first` of the input.
-    ///
-    /// # Errors
-    /// As [`KeepMaxTable::update`].
-    pub fn prepare(&self, batch: &RecordBatch, first: u64) -> Result<PreparedRows, ArrowError> {
-        let mut out = PreparedRows::default();
-        self.prepare_into(batch, |row| first + row as u64, &mut out)?;
-        Ok(out)
     }
 }
 

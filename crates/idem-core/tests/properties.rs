@@ -17,7 +17,8 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use idem_core::key::KeyRouter;
 use idem_core::rng::SplitMix64;
 use idem_core::{
-    DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, TieCheck, TiePolicy, parse_pg_lsn,
+    DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, PreparedRows, TieCheck, TiePolicy,
+    parse_pg_lsn,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -451,7 +452,10 @@ fn split_kernel(case: &Case, parts: u32, generic_keys: bool) -> Outcome {
     let preparer = tables[0].preparer();
     let mut first = 0u64;
     for batch in &case.batches {
-        let prepared = preparer.prepare(batch, first).expect("prepare");
+        let mut prepared = PreparedRows::default();
+        preparer
+            .prepare_into(batch, |row| first + row as u64, &mut prepared)
+            .expect("prepare");
         assert_eq!(prepared.len(), batch.num_rows());
         let split = prepared.split(parts);
         assert_eq!(
