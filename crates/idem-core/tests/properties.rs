@@ -437,8 +437,10 @@ fn add_outcome(total: &mut Outcome, part: Outcome) {
 }
 
 /// The kernel as pass 1 runs it in memory: every batch encoded once by a preparer, split
-/// by key hash into `parts`, each part consumed by its own table.
-fn split_kernel(case: &Case, parts: u32, generic_keys: bool) -> Outcome {
+/// by key hash into `parts`, each part consumed by its own table. Pass 1's workers take
+/// the input's pieces in no fixed order, so the batches reach the tables in an order
+/// shuffled by `order_seed` (0: input order), each with their original positions.
+fn split_kernel(case: &Case, parts: u32, generic_keys: bool, order_seed: u64) -> Outcome {
     let mut tables: Vec<KeepMaxTable> = (0..parts)
         .map(|_| {
             let table = KeepMaxTable::try_new(&case.schema, &case.spec).expect("table");
@@ -451,6 +453,7 @@ fn split_kernel(case: &Case, parts: u32, generic_keys: bool) -> Outcome {
         .collect();
     let preparer = tables[0].preparer();
     let mut first = 0u64;
+    let mut splits = Vec::new();
     for batch in &case.batches {
         let mut prepared = PreparedRows::default();
         preparer
@@ -462,10 +465,19 @@ fn split_kernel(case: &Case, parts: u32, generic_keys: bool) -> Outcome {
             split.iter().map(|p| p.len()).sum::<usize>(),
             batch.num_rows()
         );
-        for (table, part) in tables.iter_mut().zip(&split) {
+        splits.push(split);
+        first += batch.num_rows() as u64;
+    }
+    let mut rng = SplitMix64::new(order_seed);
+    for i in (1..splits.len()).rev() {
+        if order_seed != 0 {
+            splits.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+    }
+    for split in &splits {
+        for (table, part) in tables.iter_mut().zip(split) {
             table.update_prepared(part).expect("update");
         }
-        first += batch.num_rows() as u64;
     }
     let mut total = Outcome::default();
     for table in tables {
@@ -510,12 +522,15 @@ fn kernel_matches_reference_on_random_batches() {
         }
         let parts = 1 + (seed % 3) as u32;
         let generic = seed % 2 == 1;
-        assert_eq!(
-            split_kernel(&case, parts, generic),
-            expected,
-            "seed {seed}, prepared rows split {parts} ways, generic keys {generic}, spec {:?}",
-            case.spec
-        );
+        for order_seed in [0, seed + 1] {
+            assert_eq!(
+                split_kernel(&case, parts, generic, order_seed),
+                expected,
+                "seed {seed}, prepared rows split {parts} ways, generic keys {generic}, \
+                 batch order {order_seed}, spec {:?}",
+                case.spec
+            );
+        }
         let partitions = 1 + (seed % 5) as u32;
         assert_eq!(
             partitioned_kernel(&case, partitions),

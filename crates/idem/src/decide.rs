@@ -20,8 +20,8 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::sync_channel;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use arrow::array::{RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::take_record_batch;
@@ -30,11 +30,13 @@ use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use idem_core::key::KeyRouter;
-use idem_core::{DedupSpec, DedupStats, KeepMaxTable, PreparedRows, Resolution, TieRow};
+use idem_core::{
+    DedupSpec, DedupStats, KeepMaxTable, PreparedRows, Resolution, RowPreparer, TieRow,
+};
 
 use crate::dedup::{DECODE_GAPS_BELOW, FilePlan, Progress, pipeline};
 use crate::error::{Error, Result};
-use crate::input::InputFile;
+use crate::input::{FilePiece, InputFile};
 use crate::schema::conform;
 
 /// Share of `--memory-limit` the keep-max table may use: the rest is for decoding,
@@ -94,15 +96,24 @@ enum InMemory {
     },
 }
 
-/// Batches of decision columns in flight between pass 1's threads. They are small (tens
-/// of bytes a row), and three threads sharing two cores stall each other less with a deep
-/// queue: 16 instead of 4 cut 10M's pass 1 by 6 % (1.34 s to 1.25 s, medians of three).
+/// Batches in flight between pass 1's threads: prepared halves on their way to the other
+/// worker's table, or decision columns on their way to be spilled. They are small (tens
+/// of bytes a row), and a deep queue lets a thread that is briefly ahead keep going.
 const DECISION_DEPTH: usize = 16;
 
-/// Pass 1 in memory, the keys split by hash between two tables on two threads: probing a
-/// table of millions of keys is memory-bound and was most of pass 1's time on one thread.
-/// Each table sees its rows in input order with their original positions, so the winners,
-/// ties and counts are exactly those of one table.
+/// Pass 1 in memory, on two workers that each own a table holding half of the keys (split
+/// by hash): probing a table of millions of keys is memory-bound and was most of pass 1's
+/// time on one thread.
+///
+/// The workers take the files' pieces (Parquet row groups) in turn from a shared counter
+/// and each does everything for its piece: decode, encode and hash the keys, probe its
+/// own table with its half, and queue the other half for the other worker, whose queue it
+/// drains between batches. Both cores thus do the same kind of work, where a decoding
+/// thread feeding two table threads left them waiting on each other.
+///
+/// Rows reach a table in no particular order, with their original positions; a table's
+/// outcome does not depend on the order (ties are decided by position), so the winners,
+/// ties and counts are exactly those of one table fed in input order.
 fn decide_in_memory(
     spec: &DedupSpec,
     files: &[InputFile],
@@ -112,79 +123,71 @@ fn decide_in_memory(
     progress: &dyn Progress,
 ) -> Result<InMemory> {
     let first = first_path(files);
-    let mut table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
-    let helper_table = KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?;
-    let preparer = table.preparer();
-    let helper_bytes = AtomicUsize::new(0);
-    let overflowed = AtomicBool::new(false);
-    let (outcome, own, helper) = std::thread::scope(|scope| {
-        let (send, receive) = sync_channel::<(PreparedRows, PathBuf)>(DECISION_DEPTH);
-        let helper_bytes = &helper_bytes;
-        let overflowed = &overflowed;
-        let helper = scope.spawn(move || -> Result<Option<(usize, Resolution)>> {
-            let mut table = helper_table;
-            for (rows, path) in receive {
-                table.update_prepared(&rows).map_err(Error::arrow(&path))?;
-                helper_bytes.store(table.size(), Ordering::Relaxed);
-            }
-            // Each thread resolves (and sorts) its own table's winners, at the same time.
-            if overflowed.load(Ordering::SeqCst) {
-                return Ok(None);
-            }
-            Ok(Some((table.size(), table.finish())))
-        });
-        // Encoding, hashing and splitting run on the decoding thread, once per row, so
-        // that this thread and the helper only probe their tables.
-        let mut next_position = 0u64;
-        let mut prepared = PreparedRows::default();
-        let split = move |path: &Path, batch: RecordBatch| {
-            let first = next_position;
-            preparer
-                .prepare_into(&batch, |row| first + row as u64, &mut prepared)
-                .map_err(Error::arrow(path))?;
-            next_position += batch.num_rows() as u64;
-            let [mine, theirs]: [PreparedRows; 2] = prepared.split(2).try_into().map_err(|_| {
-                Error::InvalidArgument("a batch split into other than two parts".to_owned())
-            })?;
-            send.send((theirs, path.to_path_buf()))
-                .map_err(|_| Error::InvalidArgument("the second key table stopped".to_owned()))?;
-            Ok((mine, batch.num_rows() as u64))
-        };
-        let mut rows_read = 0u64;
-        let mut overflow = None;
-        let outcome = read_decision_columns(files, decision_schema, split, |path, (mine, rows)| {
-            table.update_prepared(&mine).map_err(Error::arrow(path))?;
-            rows_read += rows;
-            progress.advance(rows);
-            let size = table.size() + helper_bytes.load(Ordering::Relaxed);
-            if budget.is_some_and(|b| size > b) {
-                overflow = Some(size as f64 / rows_read.max(1) as f64);
-                overflowed.store(true, Ordering::SeqCst);
-                return Ok(ControlFlow::Break(()));
-            }
-            Ok(ControlFlow::Continue(()))
-        });
-        let own = match (&outcome, overflow) {
-            (Ok(()), None) => Some((table.size(), table.finish())),
-            _ => None,
-        };
-        let helper = helper.join().unwrap_or_else(|_| {
+    let tables = [
+        KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?,
+        KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?,
+    ];
+    let shared = Workers {
+        preparer: tables[0].preparer(),
+        pieces: pieces(files),
+        next_piece: AtomicUsize::new(0),
+        names: decision_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect(),
+        decision_schema,
+        table_bytes: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        rows_read: AtomicU64::new(0),
+        budget,
+        stop: AtomicBool::new(false),
+        overflowed: AtomicBool::new(false),
+        progress,
+    };
+    let [own_table, other_table] = tables;
+    let (own, other) = std::thread::scope(|scope| {
+        let (to_own, own_inbox) = sync_channel::<Half<'_>>(DECISION_DEPTH);
+        let (to_other, other_inbox) = sync_channel::<Half<'_>>(DECISION_DEPTH);
+        let shared = &shared;
+        let other = scope.spawn(move || shared.run(1, other_table, &other_inbox, to_own));
+        let own = shared.run(0, own_table, &own_inbox, to_other);
+        let other = other.join().unwrap_or_else(|_| {
             Err(Error::InvalidArgument(
                 "the second key table's thread panicked".to_owned(),
             ))
         });
-        (outcome.map(|()| overflow), own, helper)
+        (own, other)
     });
-    // The helper's own error explains a stop better than the main thread's view of it.
-    let helper = helper?;
-    let overflow = outcome?;
-    if let Some(bytes_per_row) = overflow {
-        return Ok(InMemory::Overflow { bytes_per_row });
+    // A worker that stopped because the other failed returns `Stopped`, not an error, so
+    // the error seen here is the one that explains the stop.
+    let (own, other) = (own?, other?);
+    if shared.overflowed.load(Ordering::SeqCst) {
+        let bytes: usize = shared
+            .table_bytes
+            .iter()
+            .map(|b| b.load(Ordering::SeqCst))
+            .sum();
+        let rows = shared.rows_read.load(Ordering::SeqCst).max(1);
+        return Ok(InMemory::Overflow {
+            bytes_per_row: bytes as f64 / rows as f64,
+        });
     }
-    let stopped = || Error::InvalidArgument("a key table stopped before the end".to_owned());
-    let ((own_bytes, one), (helper_bytes, two)) =
-        (own.ok_or_else(stopped)?, helper.ok_or_else(stopped)?);
-    let table_bytes = (own_bytes + helper_bytes) as u64;
+    let (
+        Finished::Decided {
+            bytes: own_bytes,
+            resolution: one,
+        },
+        Finished::Decided {
+            bytes: other_bytes,
+            resolution: two,
+        },
+    ) = (own, other)
+    else {
+        return Err(Error::InvalidArgument(
+            "a key table stopped before the end".to_owned(),
+        ));
+    };
+    let table_bytes = (own_bytes + other_bytes) as u64;
     let mut stats = one.stats;
     stats += two.stats;
     let tie_groups = one.tie_groups + two.tie_groups;
@@ -208,6 +211,209 @@ fn decide_in_memory(
         table_bytes,
         partitions: 1,
     }))
+}
+
+/// One file's piece with the input position of its first row.
+struct Piece<'a> {
+    file: &'a InputFile,
+    piece: FilePiece,
+    first_position: u64,
+}
+
+/// Every file's pieces, largest first: the workers take them in this order, and small
+/// pieces at the end even out when the two finish.
+fn pieces(files: &[InputFile]) -> Vec<Piece<'_>> {
+    let mut start = 0u64;
+    let mut pieces = Vec::new();
+    for file in files {
+        pieces.extend(file.pieces().into_iter().map(|piece| Piece {
+            file,
+            piece,
+            first_position: start + piece.first_row,
+        }));
+        start += file.num_rows();
+    }
+    pieces.sort_by_key(|p| std::cmp::Reverse(p.piece.rows));
+    pieces
+}
+
+/// The rows of a batch that belong to the other worker's table, with their file.
+type Half<'a> = (PreparedRows, &'a Path);
+
+/// How a worker of [`decide_in_memory`] ended without an error.
+enum Finished {
+    /// Its table's outcome, and the bytes the table held.
+    Decided {
+        bytes: usize,
+        resolution: Resolution,
+    },
+    /// It stopped early: the tables outgrew the budget, or the other worker failed.
+    Stopped,
+}
+
+/// What the two workers of [`decide_in_memory`] share.
+struct Workers<'a> {
+    preparer: RowPreparer,
+    pieces: Vec<Piece<'a>>,
+    next_piece: AtomicUsize,
+    names: Vec<&'a str>,
+    decision_schema: &'a SchemaRef,
+    /// Each worker's table's latest size.
+    table_bytes: [AtomicUsize; 2],
+    rows_read: AtomicU64,
+    budget: Option<usize>,
+    /// Set by a worker that stops early, for any reason.
+    stop: AtomicBool,
+    /// Set when the tables outgrew the budget.
+    overflowed: AtomicBool,
+    progress: &'a dyn Progress,
+}
+
+impl<'a> Workers<'a> {
+    /// Worker `index`: its own pieces, then the other's halves until the other is done.
+    /// The queues belong to the caller so that `stop` is set before they close: the other
+    /// worker, finding a queue closed, then knows that it was stopped, not failed.
+    fn run(
+        &self,
+        index: usize,
+        table: KeepMaxTable,
+        inbox: &Receiver<Half<'a>>,
+        outbox: SyncSender<Half<'a>>,
+    ) -> Result<Finished> {
+        let mut outbox = Some(outbox);
+        let outcome = self.work(index, table, inbox, &mut outbox);
+        if !matches!(outcome, Ok(Finished::Decided { .. })) {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        drop(outbox);
+        outcome
+    }
+
+    fn work(
+        &self,
+        index: usize,
+        mut table: KeepMaxTable,
+        inbox: &Receiver<Half<'a>>,
+        outbox_slot: &mut Option<SyncSender<Half<'a>>>,
+    ) -> Result<Finished> {
+        let Some(outbox) = outbox_slot.as_ref() else {
+            return Ok(Finished::Stopped);
+        };
+        let mut prepared = PreparedRows::default();
+        while let Some(piece) = self
+            .pieces
+            .get(self.next_piece.fetch_add(1, Ordering::SeqCst))
+        {
+            let path = piece.file.path();
+            let mut position = piece.first_position;
+            for batch in piece.file.read_piece_columns(&self.names, piece.piece)? {
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(Finished::Stopped);
+                }
+                let batch = conform(&batch?, self.decision_schema, true, path)?;
+                let first = position;
+                self.preparer
+                    .prepare_into(&batch, |row| first + row as u64, &mut prepared)
+                    .map_err(Error::arrow(path))?;
+                let rows = batch.num_rows() as u64;
+                position += rows;
+                // Worker `index` owns the keys of part `index`.
+                let mut halves = prepared.split(2).into_iter();
+                let (Some(first_half), Some(second_half)) = (halves.next(), halves.next()) else {
+                    return Err(Error::InvalidArgument(
+                        "a batch split into other than two parts".to_owned(),
+                    ));
+                };
+                let (mine, theirs) = if index == 0 {
+                    (first_half, second_half)
+                } else {
+                    (second_half, first_half)
+                };
+                table.update_prepared(&mine).map_err(Error::arrow(path))?;
+                if !self.hand_over(&mut table, inbox, outbox, (theirs, path))? {
+                    return Ok(Finished::Stopped);
+                }
+                while let Ok((rows, path)) = inbox.try_recv() {
+                    table.update_prepared(&rows).map_err(Error::arrow(path))?;
+                }
+                self.progress.advance(rows);
+                if self.outgrown(index, &table, rows) {
+                    return Ok(Finished::Stopped);
+                }
+            }
+        }
+        // Closing this side lets the other worker finish once it has drained its queue.
+        *outbox_slot = None;
+        for (rows, path) in inbox {
+            table.update_prepared(&rows).map_err(Error::arrow(path))?;
+        }
+        if self.stop.load(Ordering::SeqCst) || self.outgrown(index, &table, 0) {
+            return Ok(Finished::Stopped);
+        }
+        Ok(Finished::Decided {
+            bytes: table.size(),
+            resolution: table.finish(),
+        })
+    }
+
+    /// Queues `half` for the other worker without ever blocking on it: while its queue is
+    /// full, this worker takes from its own, so that two workers waiting on each other's
+    /// full queues cannot stall. False when the other worker has stopped.
+    fn hand_over(
+        &self,
+        table: &mut KeepMaxTable,
+        inbox: &Receiver<Half<'a>>,
+        outbox: &SyncSender<Half<'a>>,
+        half: Half<'a>,
+    ) -> Result<bool> {
+        let mut half = half;
+        loop {
+            match outbox.try_send(half) {
+                Ok(()) => return Ok(true),
+                Err(TrySendError::Disconnected(_)) => {
+                    if self.stop.load(Ordering::SeqCst) {
+                        return Ok(false);
+                    }
+                    return Err(Error::InvalidArgument(
+                        "the second key table stopped".to_owned(),
+                    ));
+                }
+                Err(TrySendError::Full(_)) if self.stop.load(Ordering::SeqCst) => {
+                    return Ok(false);
+                }
+                Err(TrySendError::Full(back)) => {
+                    half = back;
+                    match inbox.try_recv() {
+                        Ok((rows, path)) => {
+                            table.update_prepared(&rows).map_err(Error::arrow(path))?;
+                        }
+                        Err(_) => std::thread::yield_now(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records this worker's table size and `rows` more read; true (and both workers
+    /// told to stop) once the two tables together outgrow the budget.
+    fn outgrown(&self, index: usize, table: &KeepMaxTable, rows: u64) -> bool {
+        self.table_bytes[index].store(table.size(), Ordering::SeqCst);
+        self.rows_read.fetch_add(rows, Ordering::SeqCst);
+        let Some(budget) = self.budget else {
+            return false;
+        };
+        let size: usize = self
+            .table_bytes
+            .iter()
+            .map(|b| b.load(Ordering::SeqCst))
+            .sum();
+        if size > budget {
+            self.overflowed.store(true, Ordering::SeqCst);
+            self.stop.store(true, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
 }
 
 /// Merges two lists ascending by `position` into one.
@@ -545,6 +751,109 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dedup::NoProgress;
+    use arrow::array::{Int64Array, StringArray};
+    use idem_core::rng::SplitMix64;
+    use idem_core::{DedupOptions, DeletePolicy, TiePolicy};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use std::collections::BTreeMap;
+
+    /// Files of many small row groups whose keys repeat within and across files, with
+    /// ties at the maximum version, deletes and null keys.
+    fn write_inputs(dir: &Path, seed: u64) -> Vec<InputFile> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, true),
+            Field::new("sequence", DataType::Int64, false),
+            Field::new("lsn", DataType::Int64, false),
+            Field::new("op", DataType::Utf8, false),
+        ]));
+        let mut rng = SplitMix64::new(seed);
+        (0..3)
+            .map(|f| {
+                let rows = 700 + rng.below(600) as usize;
+                let ids: StringArray = (0..rows)
+                    .map(|_| (!rng.chance(2)).then(|| format!("id-{}", rng.below(400))))
+                    .collect();
+                let sequences: Int64Array = (0..rows).map(|_| rng.below(2) as i64).collect();
+                let lsns: Int64Array = (0..rows).map(|_| rng.below(4) as i64).collect();
+                let ops: StringArray = (0..rows)
+                    .map(|_| Some(if rng.chance(10) { "d" } else { "u" }))
+                    .collect();
+                let batch = RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![
+                        Arc::new(ids),
+                        Arc::new(sequences),
+                        Arc::new(lsns),
+                        Arc::new(ops),
+                    ],
+                )
+                .expect("batch");
+                let path = dir.join(format!("in-{f}.parquet"));
+                let properties = WriterProperties::builder()
+                    .set_max_row_group_row_count(Some(64 + 32 * f))
+                    .build();
+                let mut writer = ArrowWriter::try_new(
+                    File::create(&path).expect("create"),
+                    Arc::clone(&schema),
+                    Some(properties),
+                )
+                .expect("writer");
+                writer.write(&batch).expect("write");
+                writer.close().expect("close");
+                InputFile::open(&crate::input::InputSource::Local(path)).expect("open")
+            })
+            .collect()
+    }
+
+    /// Tie groups as sets of positions, whatever their numbers.
+    fn groups_of(ties: &[TieRow]) -> Vec<Vec<u64>> {
+        let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for tie in ties {
+            groups.entry(tie.group).or_default().push(tie.position);
+        }
+        let mut groups: Vec<Vec<u64>> = groups.into_values().collect();
+        groups.sort();
+        groups
+    }
+
+    #[test]
+    fn two_workers_decide_what_one_table_in_input_order_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for seed in 0..6 {
+            let files = write_inputs(dir.path(), seed);
+            let schema = Arc::clone(files[0].schema());
+            for on_tie in [TiePolicy::First, TiePolicy::Last] {
+                let spec = DedupSpec::new(["event_id", "sequence"], ["lsn"]).with_options(
+                    DedupOptions::default()
+                        .with_on_tie(on_tie)
+                        .with_deletes(DeletePolicy::new("op")),
+                );
+                let mut reference = KeepMaxTable::try_new(&schema, &spec).expect("table");
+                for file in &files {
+                    assert!(file.pieces().len() > 5, "several row groups");
+                    for batch in file
+                        .read_columns(&["event_id", "sequence", "lsn", "op"])
+                        .expect("read")
+                    {
+                        reference.update(&batch.expect("batch")).expect("update");
+                    }
+                }
+                let expected = reference.finish();
+                let decision = decide(&spec, &files, &schema, None, &NoProgress).expect("decide");
+                assert_eq!(decision.partitions, 1);
+                assert_eq!(decision.stats, expected.stats, "seed {seed}");
+                assert_eq!(decision.tie_groups, expected.tie_groups);
+                let Selection::InMemory { keep, ties } = decision.selection else {
+                    panic!("decided in memory");
+                };
+                assert_eq!(keep, expected.keep, "seed {seed}, {on_tie:?}");
+                assert!(ties.is_sorted_by_key(|t| t.position));
+                assert_eq!(groups_of(&ties), groups_of(&expected.tie_rows));
+            }
+        }
+    }
 
     #[test]
     fn two_sorted_lists_merge_by_position() {

@@ -376,20 +376,60 @@ impl InputFile {
 
     /// Reads only the named columns (which must exist), every row.
     pub fn read_columns(&self, columns: &[&str]) -> Result<Batches> {
+        self.read(&self.column_indices(columns)?, None, None, None, BATCH_SIZE)
+    }
+
+    /// The indices of the named columns (which must exist) in schema order, as batches
+    /// come: like those of a file with just these columns.
+    fn column_indices(&self, columns: &[&str]) -> Result<Vec<usize>> {
         let mut indices: Vec<usize> = columns
             .iter()
             .map(|c| self.schema.index_of(c).map_err(Error::arrow(&self.path)))
             .collect::<Result<_>>()?;
-        // Batches come in schema order, as from a file with just these columns.
         indices.sort_unstable();
         indices.dedup();
-        self.read(&indices, None, None, BATCH_SIZE)
+        Ok(indices)
+    }
+
+    /// The pieces the file can be decoded in, each on its own: its row groups if it is
+    /// Parquet, else the whole file (IPC footers hold no row counts per batch).
+    pub(crate) fn pieces(&self) -> Vec<FilePiece> {
+        let Format::Parquet(metadata) = &self.format else {
+            return vec![FilePiece {
+                row_group: None,
+                first_row: 0,
+                rows: self.num_rows,
+            }];
+        };
+        let mut first_row = 0u64;
+        metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .enumerate()
+            .map(|(index, group)| {
+                let rows = group.num_rows().max(0) as u64;
+                let piece = FilePiece {
+                    row_group: Some(index),
+                    first_row,
+                    rows,
+                };
+                first_row += rows;
+                piece
+            })
+            .collect()
+    }
+
+    /// Reads only the named columns (which must exist) of every row of `piece`.
+    pub(crate) fn read_piece_columns(&self, columns: &[&str], piece: FilePiece) -> Result<Batches> {
+        let indices = self.column_indices(columns)?;
+        self.read(&indices, None, None, piece.row_group, BATCH_SIZE)
     }
 
     /// Reads every column of the rows at `rows` (ascending, within the file).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
-        self.read(&all, Some(rows), None, self.row_batch_size())
+        self.read(&all, Some(rows), None, None, self.row_batch_size())
     }
 
     /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
@@ -426,6 +466,7 @@ impl InputFile {
                     &[index],
                     Some(&rows.rows),
                     Some(&rows.selection),
+                    None,
                     BATCH_SIZE,
                 )
                 .map(Some),
@@ -434,13 +475,15 @@ impl InputFile {
     }
 
     /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the rows at
-    /// `rows` if given (whose Parquet selection is `prepared`, if made already), in batches
-    /// of `batch_size` rows from Parquet.
+    /// `rows` if given (whose Parquet selection is `prepared`, if made already), of one
+    /// Parquet row group if `row_group` says which, in batches of `batch_size` rows from
+    /// Parquet.
     fn read(
         &self,
         indices: &[usize],
         rows: Option<&[u64]>,
         prepared: Option<&RowSelection>,
+        row_group: Option<usize>,
         batch_size: usize,
     ) -> Result<Batches> {
         let stored = self.stored.len();
@@ -449,7 +492,7 @@ impl InputFile {
             .filter(|&&i| i < stored)
             .map(|&i| self.stored[i])
             .collect();
-        let batches = self.read_stored(projection, rows, prepared, batch_size)?;
+        let batches = self.read_stored(projection, rows, prepared, row_group, batch_size)?;
         let Some(constants) = &self.constants else {
             return Ok(batches);
         };
@@ -470,6 +513,7 @@ impl InputFile {
         projection: Vec<usize>,
         rows: Option<&[u64]>,
         prepared: Option<&RowSelection>,
+        row_group: Option<usize>,
         batch_size: usize,
     ) -> Result<Batches> {
         let selection = rows.map(|rows| match prepared {
@@ -479,10 +523,13 @@ impl InputFile {
         match (&self.format, self.source.stored()) {
             (Format::Parquet(metadata), StoredFile::Local(local)) => {
                 let file = File::open(local).map_err(Error::io(local))?;
-                self.read_parquet(file, metadata, projection, selection, batch_size)
+                self.read_parquet(file, metadata, projection, selection, row_group, batch_size)
             }
             (Format::Parquet(metadata), StoredFile::Remote(remote)) => {
-                self.read_parquet(remote.clone(), metadata, projection, selection, batch_size)
+                let remote = remote.clone();
+                self.read_parquet(
+                    remote, metadata, projection, selection, row_group, batch_size,
+                )
             }
             (Format::Ipc { stream }, _) => {
                 let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
@@ -504,6 +551,7 @@ impl InputFile {
         metadata: &ArrowReaderMetadata,
         projection: Vec<usize>,
         selection: Option<RowSelection>,
+        row_group: Option<usize>,
         batch_size: usize,
     ) -> Result<Batches> {
         let mut builder =
@@ -512,6 +560,9 @@ impl InputFile {
         if projection.len() < metadata.schema().fields().len() {
             let mask = ProjectionMask::roots(builder.parquet_schema(), projection);
             builder = builder.with_projection(mask);
+        }
+        if let Some(group) = row_group {
+            builder = builder.with_row_groups(vec![group]);
         }
         if let Some(selection) = selection {
             builder = builder.with_row_selection(selection);
@@ -522,6 +573,17 @@ impl InputFile {
             reader.map(move |b| b.map_err(Error::arrow(&path))),
         ))
     }
+}
+
+/// A part of a file that can be decoded apart from the rest (see [`InputFile::pieces`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FilePiece {
+    /// The Parquet row group; `None`: the whole file.
+    pub(crate) row_group: Option<usize>,
+    /// The piece's first row within the file.
+    pub(crate) first_row: u64,
+    /// Rows in the piece.
+    pub(crate) rows: u64,
 }
 
 /// Rows of one file to read column after column, with their Parquet row selection made
