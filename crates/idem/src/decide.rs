@@ -131,11 +131,7 @@ fn decide_in_memory(
         preparer: tables[0].preparer(),
         pieces: pieces(files),
         next_piece: AtomicUsize::new(0),
-        names: decision_schema
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .collect(),
+        names: column_names(decision_schema),
         decision_schema,
         table_bytes: [AtomicUsize::new(0), AtomicUsize::new(0)],
         rows_read: AtomicU64::new(0),
@@ -276,29 +272,35 @@ impl<'a> Workers<'a> {
     fn run(
         &self,
         index: usize,
-        table: KeepMaxTable,
+        mut table: KeepMaxTable,
         inbox: &Receiver<Half<'a>>,
         outbox: SyncSender<Half<'a>>,
     ) -> Result<Finished> {
-        let mut outbox = Some(outbox);
-        let outcome = self.work(index, table, inbox, &mut outbox);
+        let read_all = self.read_pieces(index, &mut table, inbox, &outbox);
+        if !matches!(read_all, Ok(true)) {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        // Closing this side lets the other worker finish once it has drained its queue.
+        drop(outbox);
+        let outcome = match read_all {
+            Ok(true) => self.finish(index, table, inbox),
+            Ok(false) => Ok(Finished::Stopped),
+            Err(e) => Err(e),
+        };
         if !matches!(outcome, Ok(Finished::Decided { .. })) {
             self.stop.store(true, Ordering::SeqCst);
         }
-        drop(outbox);
         outcome
     }
 
-    fn work(
+    /// Takes pieces until none is left (true) or the workers stop (false).
+    fn read_pieces(
         &self,
         index: usize,
-        mut table: KeepMaxTable,
+        table: &mut KeepMaxTable,
         inbox: &Receiver<Half<'a>>,
-        outbox_slot: &mut Option<SyncSender<Half<'a>>>,
-    ) -> Result<Finished> {
-        let Some(outbox) = outbox_slot.as_ref() else {
-            return Ok(Finished::Stopped);
-        };
+        outbox: &SyncSender<Half<'a>>,
+    ) -> Result<bool> {
         let mut prepared = PreparedRows::default();
         while let Some(piece) = self
             .pieces
@@ -308,7 +310,7 @@ impl<'a> Workers<'a> {
             let mut position = piece.first_position;
             for batch in piece.file.read_piece_columns(&self.names, piece.piece)? {
                 if self.stop.load(Ordering::Relaxed) {
-                    return Ok(Finished::Stopped);
+                    return Ok(false);
                 }
                 let batch = conform(&batch?, self.decision_schema, true, path)?;
                 let first = position;
@@ -317,33 +319,39 @@ impl<'a> Workers<'a> {
                     .map_err(Error::arrow(path))?;
                 let rows = batch.num_rows() as u64;
                 position += rows;
+                let [first_half, second_half]: [PreparedRows; 2] =
+                    prepared.split(2).try_into().map_err(|_| {
+                        Error::InvalidArgument("a batch split into other than two parts".to_owned())
+                    })?;
                 // Worker `index` owns the keys of part `index`.
-                let mut halves = prepared.split(2).into_iter();
-                let (Some(first_half), Some(second_half)) = (halves.next(), halves.next()) else {
-                    return Err(Error::InvalidArgument(
-                        "a batch split into other than two parts".to_owned(),
-                    ));
-                };
                 let (mine, theirs) = if index == 0 {
                     (first_half, second_half)
                 } else {
                     (second_half, first_half)
                 };
                 table.update_prepared(&mine).map_err(Error::arrow(path))?;
-                if !self.hand_over(&mut table, inbox, outbox, (theirs, path))? {
-                    return Ok(Finished::Stopped);
+                if !self.hand_over(table, inbox, outbox, (theirs, path))? {
+                    return Ok(false);
                 }
                 while let Ok((rows, path)) = inbox.try_recv() {
                     table.update_prepared(&rows).map_err(Error::arrow(path))?;
                 }
                 self.progress.advance(rows);
-                if self.outgrown(index, &table, rows) {
-                    return Ok(Finished::Stopped);
+                if self.outgrown(index, table, rows) {
+                    return Ok(false);
                 }
             }
         }
-        // Closing this side lets the other worker finish once it has drained its queue.
-        *outbox_slot = None;
+        Ok(true)
+    }
+
+    /// Takes the other worker's halves until it is done, then resolves the table.
+    fn finish(
+        &self,
+        index: usize,
+        mut table: KeepMaxTable,
+        inbox: &Receiver<Half<'a>>,
+    ) -> Result<Finished> {
         for (rows, path) in inbox {
             table.update_prepared(&rows).map_err(Error::arrow(path))?;
         }
@@ -445,19 +453,14 @@ fn decision_columns(spec: &DedupSpec, schema: &SchemaRef) -> Vec<usize> {
     indices
 }
 
-/// Streams the decision columns of every file, in input order, through `prepare` on a
-/// second thread (with the decoding) into `consume` on this one.
-fn read_decision_columns<T: Send>(
+/// Streams the decision columns of every file, in input order, decoded on a second
+/// thread, into `consume` on this one.
+fn read_decision_columns(
     files: &[InputFile],
     decision_schema: &SchemaRef,
-    mut prepare: impl FnMut(&Path, RecordBatch) -> Result<T> + Send,
-    mut consume: impl FnMut(&Path, T) -> Result<ControlFlow<()>>,
+    mut consume: impl FnMut(&Path, RecordBatch) -> Result<ControlFlow<()>>,
 ) -> Result<()> {
-    let names: Vec<&str> = decision_schema
-        .fields()
-        .iter()
-        .map(|f| f.name().as_str())
-        .collect();
+    let names = column_names(decision_schema);
     pipeline(
         DECISION_DEPTH,
         |send| {
@@ -470,9 +473,7 @@ fn read_decision_columns<T: Send>(
                     }
                 };
                 for batch in batches {
-                    let item = batch
-                        .and_then(|b| conform(&b, decision_schema, true, file.path()))
-                        .and_then(|b| prepare(file.path(), b));
+                    let item = batch.and_then(|b| conform(&b, decision_schema, true, file.path()));
                     if !send(item.map(|b| (file.path(), b))) {
                         return;
                     }
@@ -481,6 +482,10 @@ fn read_decision_columns<T: Send>(
         },
         |(path, batch)| consume(path, batch),
     )
+}
+
+fn column_names(schema: &SchemaRef) -> Vec<&str> {
+    schema.fields().iter().map(|f| f.name().as_str()).collect()
 }
 
 /// Pass 1 in `partitions` key partitions through spill files in a temporary directory.
@@ -530,37 +535,32 @@ fn decide_partitioned(
         KeyRouter::try_new(decision_schema, &spec.keys).map_err(Error::arrow(first_path(files)))?;
     let mut routes = Vec::new();
     let mut next_position = 0u64;
-    read_decision_columns(
-        files,
-        decision_schema,
-        |_, batch| Ok(batch),
-        |path, batch| {
-            router
-                .route(&batch, partitions, &mut routes)
-                .map_err(Error::arrow(path))?;
-            let mut columns = batch.columns().to_vec();
-            let n = batch.num_rows() as u64;
-            columns.push(Arc::new(UInt64Array::from_iter_values(
-                next_position..next_position + n,
-            )));
-            next_position += n;
-            let positioned = RecordBatch::try_new(Arc::clone(&spill_schema), columns)
-                .map_err(Error::arrow(path))?;
-            let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); partitions as usize];
-            for (row, &p) in routes.iter().enumerate() {
-                rows_of[p as usize].push(row as u32);
+    read_decision_columns(files, decision_schema, |path, batch| {
+        router
+            .route(&batch, partitions, &mut routes)
+            .map_err(Error::arrow(path))?;
+        let mut columns = batch.columns().to_vec();
+        let n = batch.num_rows() as u64;
+        columns.push(Arc::new(UInt64Array::from_iter_values(
+            next_position..next_position + n,
+        )));
+        next_position += n;
+        let positioned =
+            RecordBatch::try_new(Arc::clone(&spill_schema), columns).map_err(Error::arrow(path))?;
+        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); partitions as usize];
+        for (row, &p) in routes.iter().enumerate() {
+            rows_of[p as usize].push(row as u32);
+        }
+        for ((rows, writer), spill) in rows_of.into_iter().zip(&mut writers).zip(&spill_paths) {
+            if !rows.is_empty() {
+                let part = take_record_batch(&positioned, &UInt32Array::from(rows))
+                    .map_err(Error::arrow(spill))?;
+                writer.write(&part).map_err(Error::arrow(spill))?;
             }
-            for ((rows, writer), spill) in rows_of.into_iter().zip(&mut writers).zip(&spill_paths) {
-                if !rows.is_empty() {
-                    let part = take_record_batch(&positioned, &UInt32Array::from(rows))
-                        .map_err(Error::arrow(spill))?;
-                    writer.write(&part).map_err(Error::arrow(spill))?;
-                }
-            }
-            progress.advance(n);
-            Ok(ControlFlow::Continue(()))
-        },
-    )?;
+        }
+        progress.advance(n);
+        Ok(ControlFlow::Continue(()))
+    })?;
     for (mut writer, path) in writers.into_iter().zip(&spill_paths) {
         writer.finish().map_err(Error::arrow(path))?;
         writer
