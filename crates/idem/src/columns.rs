@@ -19,7 +19,6 @@
 //! with the cheap ones, so both cores stay busy alongside the reader that feeds `write`.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -34,6 +33,8 @@ use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::SchemaDescriptor;
+
+use crate::direct::OutputFile;
 
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
 /// out batches and, while it would otherwise wait for room, encodes too.
@@ -85,7 +86,7 @@ struct Shared {
 
 struct FileOutput {
     /// Taken by [`ParallelWriter::close`] to write the footer.
-    writer: Option<SerializedFileWriter<File>>,
+    writer: Option<SerializedFileWriter<OutputFile>>,
     factory: ArrowRowGroupWriterFactory,
 }
 
@@ -139,7 +140,7 @@ impl ParallelWriter {
     /// A writer of `schema` into `file`, with `ArrowWriter`'s metadata (the Arrow schema
     /// in the footer) and `properties`.
     pub(crate) fn try_new(
-        file: File,
+        file: OutputFile,
         schema: SchemaRef,
         properties: WriterProperties,
     ) -> Result<Self> {
@@ -253,7 +254,8 @@ impl ParallelWriter {
         let writer = self.shared.file().writer.take();
         writer
             .ok_or_else(|| ParquetError::General("file already closed".to_owned()))?
-            .close()?;
+            .into_inner()?
+            .finish()?;
         Ok(())
     }
 }
@@ -534,6 +536,7 @@ impl Task {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, Int64Array, ListArray, StringArray, StructArray};
@@ -576,15 +579,16 @@ mod tests {
         properties: WriterProperties,
         parallel: bool,
     ) -> Vec<u8> {
-        let file = File::create(path).expect("create");
         let schema = batches[0].schema();
         if parallel {
+            let file = OutputFile::create(path).expect("create");
             let mut writer = ParallelWriter::try_new(file, schema, properties).expect("writer");
             for b in batches {
                 writer.write(b).expect("write");
             }
             writer.close().expect("close");
         } else {
+            let file = File::create(path).expect("create");
             let mut writer = ArrowWriter::try_new(file, schema, Some(properties)).expect("writer");
             for b in batches {
                 writer.write(b).expect("write");
@@ -644,7 +648,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = batch(0, 5000);
         let mut writer = ParallelWriter::try_new(
-            File::create(dir.path().join("dropped.parquet")).expect("create"),
+            OutputFile::create(&dir.path().join("dropped.parquet")).expect("create"),
             b.schema(),
             writer_properties(&b.schema()).expect("properties"),
         )
@@ -660,7 +664,7 @@ mod tests {
         let path = dir.path().join("empty.parquet");
         let schema = batch(0, 1).schema();
         ParallelWriter::try_new(
-            File::create(&path).expect("create"),
+            OutputFile::create(&path).expect("create"),
             Arc::clone(&schema),
             writer_properties(&schema).expect("properties"),
         )

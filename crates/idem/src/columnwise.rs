@@ -19,7 +19,6 @@
 //! row groups and part files), so the files are byte for byte the same.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,6 +32,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::columns::{field_leaves, split_by_field};
 use crate::decide::Selection;
+use crate::direct::OutputFile;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, RowsToRead};
 use crate::output::WRITE_CHUNK_ROWS;
@@ -76,7 +76,7 @@ pub(crate) fn write_part(
         .max_row_group_row_count()
         .unwrap_or(usize::MAX)
         .max(1) as u64;
-    let file = File::create(path).map_err(Error::io(path))?;
+    let file = OutputFile::create(path).map_err(Error::io(path))?;
     let (mut file, factory) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(Error::parquet(path))?;
@@ -113,7 +113,10 @@ pub(crate) fn write_part(
         start = end;
         group += 1;
     }
-    file.close().map_err(Error::parquet(path))?;
+    file.into_inner()
+        .map_err(Error::parquet(path))?
+        .finish()
+        .map_err(Error::io(path))?;
     Ok(start - first_row)
 }
 

@@ -27,6 +27,7 @@ mod columns;
 mod columnwise;
 mod decide;
 mod dedup;
+mod direct;
 mod duration;
 mod error;
 pub mod generate;

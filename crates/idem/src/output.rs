@@ -22,7 +22,6 @@
 //!   *during* it can see old and new parts together — write one file, or merge into a table,
 //!   when readers must never see that.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -34,6 +33,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::columns::ParallelWriter;
 use crate::columnwise::{self, ColumnSource};
+use crate::direct::OutputFile;
 use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteLocation, StorageOptions};
 
@@ -248,7 +248,7 @@ impl OutputWriter {
 
     fn open_part(&mut self) -> Result<()> {
         let path = self.next_part();
-        let file = File::create(&path).map_err(Error::io(&path))?;
+        let file = OutputFile::create(&path).map_err(Error::io(&path))?;
         let writer = writer_properties(&self.schema)
             .and_then(|properties| {
                 ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), properties)
