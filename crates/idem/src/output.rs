@@ -523,6 +523,7 @@ pub(crate) fn replace_file(path: &Path, contents: &str, option: &str) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::sync::Arc;
 
     use arrow::array::{Array, ArrayRef, Int64Array, StringArray};
