@@ -1,15 +1,16 @@
 //! The I/O floor of a dedup, for `benches/peers.py`: every row of the inputs read with
 //! idem's reader and written with its writer (zstd Parquet, the settings of every idem
 //! output), decoding on a second thread as in a dedup's second pass — everything a dedup
-//! does except deciding, and for every row rather than only the winners.
+//! does except deciding, and for every row rather than only the winners (text read as
+//! views, as the dedup reads it).
 //!
 //! `cargo run --release -p idem --example copy -- INPUT... OUTPUT`
 
 use std::sync::Arc;
 use std::sync::mpsc::sync_channel;
 
-use idem::input::{InputFile, expand_inputs};
-use idem::schema::{conform, unify};
+use idem::input::{InputFile, TextLayout, expand_inputs};
+use idem::schema::{conform, unify, with_views};
 use idem::storage::StorageOptions;
 use idem::{DEFAULT_MAX_ROWS_PER_FILE, OutputWriter, Result};
 
@@ -39,6 +40,7 @@ fn copy(inputs: &[String], output: &str) -> Result<u64> {
         .collect::<Result<_>>()?;
     let schema = unify(files.iter().map(|f| (f.path(), f.schema())))?;
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let rows_schema = Arc::new(with_views(&schema));
     let mut writer = OutputWriter::create(
         output,
         Arc::clone(&schema),
@@ -48,10 +50,10 @@ fn copy(inputs: &[String], output: &str) -> Result<u64> {
     let mut rows = 0;
     std::thread::scope(|scope| {
         let (send, receive) = sync_channel(4);
-        let (files, schema, names) = (&files, &schema, &names);
+        let (files, rows_schema, names) = (&files, &rows_schema, &names);
         scope.spawn(move || {
             for file in files {
-                let batches = match file.read_columns(names) {
+                let batches = match file.read_columns_as(names, TextLayout::Views) {
                     Ok(batches) => batches,
                     Err(e) => {
                         let _ = send.send(Err(e));
@@ -59,7 +61,7 @@ fn copy(inputs: &[String], output: &str) -> Result<u64> {
                     }
                 };
                 for batch in batches {
-                    let batch = batch.and_then(|b| conform(&b, schema, false, file.path()));
+                    let batch = batch.and_then(|b| conform(&b, rows_schema, false, file.path()));
                     if send.send(batch).is_err() {
                         return;
                     }

@@ -36,7 +36,7 @@ use crate::direct::OutputFile;
 use crate::error::{Error, Result};
 use crate::input::{InputFile, RowsToRead};
 use crate::output::WRITE_CHUNK_ROWS;
-use crate::schema::conform;
+use crate::schema::{conform, with_views};
 
 /// Fields from which a dedup's pass 2 goes column by column. Below, whole rows cost little
 /// memory and the row-wise pass keeps both cores busier.
@@ -519,7 +519,8 @@ impl ColumnSource for Winners<'_> {
 
     fn fetch(&self, field: usize, rows: Range<u64>) -> Result<Vec<ArrayRef>> {
         let definition = self.schema.field(field);
-        let target: SchemaRef = Arc::new(Schema::new(vec![definition.clone()]));
+        // Text as views, as row by row (see `with_views`).
+        let target: SchemaRef = Arc::new(with_views(&Schema::new(vec![definition.clone()])));
         let mut arrays = Vec::new();
         for slice in &self.current {
             let file = &self.files[slice.file];
@@ -542,7 +543,10 @@ impl ColumnSource for Winners<'_> {
                         kept(Arc::clone(batch.column(0)))?;
                     }
                 }
-                None => kept(new_null_array(definition.data_type(), slice.rows.len()))?,
+                None => kept(new_null_array(
+                    target.field(0).data_type(),
+                    slice.rows.len(),
+                ))?,
             }
             if read != slice.rows.len() {
                 return Err(Error::InvalidArgument(format!(

@@ -21,6 +21,7 @@
 
 use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
@@ -34,7 +35,7 @@ use crate::decide::{Decision, decide};
 use crate::error::{Error, Result};
 use crate::input::{InputFile, expand_inputs};
 use crate::output::OutputWriter;
-use crate::schema::{conform, unify};
+use crate::schema::{conform, unify, with_views};
 use crate::state::{self, Prepared, StateFilter, StateOptions, StateReport};
 use crate::storage::StorageOptions;
 
@@ -478,6 +479,7 @@ fn fetch_rows<S>(
     );
     // Decoding and selecting run on a second thread while this one encodes and compresses.
     let selection = &mut decision.selection;
+    let rows_schema = Arc::new(with_views(schema));
     let mut kept_per_file = vec![0u64; files.len()];
     let files_read = files;
     pipeline(
@@ -494,7 +496,7 @@ fn fetch_rows<S>(
                     }
                 };
                 start = end;
-                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, schema, send) {
+                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, &rows_schema, send) {
                     return;
                 }
             }
@@ -605,8 +607,9 @@ enum Fetched<'a> {
     Tied(&'a Path, RecordBatch, Vec<u32>),
 }
 
-/// Reads the planned rows of one file and sends them on as kept and tied batches. Returns
-/// false when the consumer has stopped.
+/// Reads the planned rows of one file and sends them on as kept and tied batches, in the
+/// layout of `schema` (the job's, with text as views: see [`with_views`]). Returns false
+/// when the consumer has stopped.
 fn fetch_planned<'a>(
     index: usize,
     file: &'a InputFile,
@@ -916,6 +919,158 @@ mod tests {
             &parquet::file::serialized_reader::SerializedFileReader::new(bytes).expect("read"),
         )
         .num_row_groups()
+    }
+
+    /// A Parquet file of `batch` at `path`.
+    fn write_file(path: &Path, batch: &RecordBatch) {
+        let mut writer =
+            ArrowWriter::try_new(File::create(path).expect("create"), batch.schema(), None)
+                .expect("writer");
+        writer.write(batch).expect("write");
+        writer.close().expect("close");
+    }
+
+    #[test]
+    fn text_and_binary_keep_the_unified_types_and_values_through_views() {
+        use arrow::array::{
+            Array, BinaryArray, DictionaryArray, LargeBinaryArray, LargeStringArray, StringArray,
+        };
+        use arrow::datatypes::Int32Type;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The first file's types win the unification: long text (views point into the
+        // page), short text (inlined in the view), binary, and a dictionary key.
+        let first = RecordBatch::try_from_iter([
+            (
+                "event_id",
+                Arc::new(DictionaryArray::<Int32Type>::from_iter(["a", "b", "a"])) as ArrayRef,
+            ),
+            ("sequence", Arc::new(Int64Array::from(vec![0, 0, 0]))),
+            ("lsn", Arc::new(Int64Array::from(vec![1, 1, 2]))),
+            (
+                "note",
+                Arc::new(LargeStringArray::from(vec![
+                    Some("old a, long enough not to be inlined"),
+                    None,
+                    Some("new a, long enough not to be inlined"),
+                ])),
+            ),
+            ("short", Arc::new(StringArray::from(vec!["x", "y", "z"]))),
+            (
+                "blob",
+                Arc::new(BinaryArray::from(vec![&b"\x00\x01"[..], b"", b"\xff"])),
+            ),
+            (
+                "big",
+                Arc::new(LargeBinaryArray::from(vec![
+                    &[7u8; 20][..],
+                    &[8; 20],
+                    &[9; 20],
+                ])),
+            ),
+        ])
+        .expect("first");
+        // Drifted: plain key text, the note in the narrower layout, a newer `b`.
+        let second = RecordBatch::try_from_iter([
+            (
+                "event_id",
+                Arc::new(StringArray::from(vec!["b", "c"])) as ArrayRef,
+            ),
+            ("sequence", Arc::new(Int64Array::from(vec![0, 0]))),
+            ("lsn", Arc::new(Int64Array::from(vec![5, 1]))),
+            (
+                "note",
+                Arc::new(StringArray::from(vec![
+                    Some("new b, long enough not to be inlined"),
+                    None,
+                ])),
+            ),
+            ("short", Arc::new(StringArray::from(vec!["w", "v"]))),
+            ("blob", Arc::new(BinaryArray::from(vec![&b"b2"[..], b"c1"]))),
+            (
+                "big",
+                Arc::new(LargeBinaryArray::from(vec![&[5u8; 30][..], &[6; 3]])),
+            ),
+        ])
+        .expect("second");
+        let inputs: Vec<String> = [("1.parquet", &first), ("2.parquet", &second)]
+            .iter()
+            .map(|(name, batch)| {
+                let path = dir.path().join(name);
+                write_file(&path, batch);
+                path.display().to_string()
+            })
+            .collect();
+        let output = dir.path().join("out.parquet");
+        let job = DedupJob::new(inputs, output.display().to_string());
+        run_dedup(&job, &NoProgress).expect("dedup");
+
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&output).expect("out"))
+            .expect("reader");
+        let types: Vec<DataType> = reader
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        assert_eq!(
+            types,
+            first
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.data_type().clone())
+                .collect::<Vec<_>>()
+        );
+        let out = reader
+            .build()
+            .expect("build")
+            .next()
+            .expect("rows")
+            .expect("read");
+        // Winners in input order: a (row 2 of the first file), b and c (the second file's).
+        let text = |name: &str| {
+            let column =
+                cast(out.column_by_name(name).expect(name), &DataType::Utf8).expect("text");
+            let column = column
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .expect("utf8")
+                .clone();
+            (0..column.len())
+                .map(|i| column.is_valid(i).then(|| column.value(i).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let some = |values: &[&str]| {
+            values
+                .iter()
+                .map(|v| Some((*v).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(text("event_id"), some(&["a", "b", "c"]));
+        assert_eq!(
+            text("note"),
+            vec![
+                Some("new a, long enough not to be inlined".to_owned()),
+                Some("new b, long enough not to be inlined".to_owned()),
+                None
+            ]
+        );
+        assert_eq!(text("short"), some(&["z", "w", "v"]));
+        let blob = out.column_by_name("blob").expect("blob");
+        let blob = blob.as_any().downcast_ref::<BinaryArray>().expect("binary");
+        assert_eq!(
+            blob.iter().collect::<Vec<_>>(),
+            [Some(&b"\xff"[..]), Some(b"b2"), Some(b"c1")]
+        );
+        let big = out.column_by_name("big").expect("big");
+        let big = big
+            .as_any()
+            .downcast_ref::<LargeBinaryArray>()
+            .expect("large binary");
+        assert_eq!(
+            big.iter().collect::<Vec<_>>(),
+            [Some(&[9u8; 20][..]), Some(&[5; 30]), Some(&[6; 3])]
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use parquet::file::reader::ChunkReader;
 use idem_core::DedupSpec;
 
 use crate::error::{Error, Result};
+use crate::schema::with_views;
 use crate::storage::{Location, RemoteFile, StorageOptions};
 
 /// Rows per batch when reading.
@@ -34,11 +35,26 @@ const MAX_ROW_BATCH_SIZE: usize = 4 * BATCH_SIZE;
 /// several such batches are in flight between the reader and the writer.
 const ROW_BATCH_BYTES: u64 = 8 << 20;
 
+/// How a read hands out text and binary columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextLayout {
+    /// As the file's schema has them.
+    AsStored,
+    /// As views (`Utf8View`, `BinaryView`; see [`crate::schema::with_views`]) where the
+    /// file is Parquet: decoding then points into the decompressed pages instead of
+    /// copying every value out of them. Arrow IPC files come as stored.
+    Views,
+}
+
 /// The on-disk format of an input file.
 #[derive(Debug, Clone)]
 enum Format {
-    /// Parquet, with its metadata read once and reused by both passes.
-    Parquet(ArrowReaderMetadata),
+    /// Parquet, with its metadata read once and reused by both passes; `views` reads the
+    /// text and binary columns as views (`None`: the file has none).
+    Parquet {
+        metadata: ArrowReaderMetadata,
+        views: Option<ArrowReaderMetadata>,
+    },
     /// Arrow IPC, file (random access) or stream layout.
     Ipc { stream: bool },
 }
@@ -296,20 +312,21 @@ impl InputFile {
             let metadata = match source.stored() {
                 StoredFile::Local(local) => {
                     let file = File::open(local).map_err(Error::io(local))?;
-                    ArrowReaderMetadata::load(&file, options)
+                    ArrowReaderMetadata::load(&file, options.clone())
                 }
-                StoredFile::Remote(remote) => ArrowReaderMetadata::load(remote, options),
+                StoredFile::Remote(remote) => ArrowReaderMetadata::load(remote, options.clone()),
             }
             .map_err(Error::parquet(&path))?;
             let num_rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
             let schema = Arc::clone(metadata.schema());
+            let views = view_metadata(&metadata, options);
             Ok(Self {
                 stored: (0..schema.fields().len()).collect(),
                 schema,
                 constants: None,
                 path,
                 source: source.clone(),
-                format: Format::Parquet(metadata),
+                format: Format::Parquet { metadata, views },
                 num_rows,
             })
         } else if magic == b"ARROW1" || magic.starts_with(&[0xff; 4]) {
@@ -366,7 +383,7 @@ impl InputFile {
 
     /// Whether the file is Parquet (rather than Arrow IPC).
     pub fn is_parquet(&self) -> bool {
-        matches!(self.format, Format::Parquet(_))
+        matches!(self.format, Format::Parquet { .. })
     }
 
     /// Rows in the file.
@@ -376,7 +393,14 @@ impl InputFile {
 
     /// Reads only the named columns (which must exist), every row.
     pub fn read_columns(&self, columns: &[&str]) -> Result<Batches> {
-        self.read(&self.column_indices(columns)?, None, None, None, BATCH_SIZE)
+        self.read_columns_as(columns, TextLayout::AsStored)
+    }
+
+    /// Reads only the named columns (which must exist), every row, with text and binary
+    /// columns in `layout`.
+    pub fn read_columns_as(&self, columns: &[&str], layout: TextLayout) -> Result<Batches> {
+        let indices = self.column_indices(columns)?;
+        self.read(&indices, None, None, None, BATCH_SIZE, layout)
     }
 
     /// The indices of the named columns (which must exist) in schema order, as batches
@@ -394,7 +418,7 @@ impl InputFile {
     /// The pieces the file can be decoded in, each on its own: its row groups if it is
     /// Parquet, else the whole file (IPC footers hold no row counts per batch).
     pub(crate) fn pieces(&self) -> Vec<FilePiece> {
-        let Format::Parquet(metadata) = &self.format else {
+        let Format::Parquet { metadata, .. } = &self.format else {
             return vec![FilePiece {
                 row_group: None,
                 first_row: 0,
@@ -420,22 +444,28 @@ impl InputFile {
             .collect()
     }
 
-    /// Reads only the named columns (which must exist) of every row of `piece`.
+    /// Reads only the named columns (which must exist) of every row of `piece`, text and
+    /// binary columns as views (pass 1 encodes the keys from them, never keeps them).
     pub(crate) fn read_piece_columns(&self, columns: &[&str], piece: FilePiece) -> Result<Batches> {
         let indices = self.column_indices(columns)?;
-        self.read(&indices, None, None, piece.row_group, BATCH_SIZE)
+        let group = piece.row_group;
+        self.read(&indices, None, None, group, BATCH_SIZE, TextLayout::Views)
     }
 
-    /// Reads every column of the rows at `rows` (ascending, within the file).
+    /// Reads every column of the rows at `rows` (ascending, within the file), text and
+    /// binary columns as views: pass 2 filters these batches down to their winners and
+    /// hands them to the writer, and views make both steps move 16 bytes a value instead of
+    /// the value (4-6 % of a 10M-row dedup's CPU, in benches/RESULTS.md).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
-        self.read(&all, Some(rows), None, None, self.row_batch_size())
+        let batch_size = self.row_batch_size();
+        self.read(&all, Some(rows), None, None, batch_size, TextLayout::Views)
     }
 
     /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
     /// uncompressed size, between [`BATCH_SIZE`] and [`MAX_ROW_BATCH_SIZE`].
     fn row_batch_size(&self) -> usize {
-        let Format::Parquet(metadata) = &self.format else {
+        let Format::Parquet { metadata, .. } = &self.format else {
             return BATCH_SIZE;
         };
         let bytes: i64 = metadata
@@ -458,7 +488,8 @@ impl InputFile {
         }
     }
 
-    /// Reads the column `name` of `rows`; `None` when the file has no such column.
+    /// Reads the column `name` of `rows`, text and binary as views (as [`Self::read_rows`]);
+    /// `None` when the file has no such column.
     pub(crate) fn read_column(&self, name: &str, rows: &RowsToRead) -> Result<Option<Batches>> {
         match self.schema.index_of(name) {
             Ok(index) => self
@@ -468,6 +499,7 @@ impl InputFile {
                     Some(&rows.selection),
                     None,
                     BATCH_SIZE,
+                    TextLayout::Views,
                 )
                 .map(Some),
             Err(_) => Ok(None),
@@ -477,7 +509,7 @@ impl InputFile {
     /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the rows at
     /// `rows` if given (whose Parquet selection is `prepared`, if made already), of one
     /// Parquet row group if `row_group` says which, in batches of `batch_size` rows from
-    /// Parquet.
+    /// Parquet, text and binary columns in `layout`.
     fn read(
         &self,
         indices: &[usize],
@@ -485,6 +517,7 @@ impl InputFile {
         prepared: Option<&RowSelection>,
         row_group: Option<usize>,
         batch_size: usize,
+        layout: TextLayout,
     ) -> Result<Batches> {
         let stored = self.stored.len();
         let projection: Vec<usize> = indices
@@ -492,7 +525,8 @@ impl InputFile {
             .filter(|&&i| i < stored)
             .map(|&i| self.stored[i])
             .collect();
-        let batches = self.read_stored(projection, rows, prepared, row_group, batch_size)?;
+        let batches =
+            self.read_stored(projection, rows, prepared, row_group, batch_size, layout)?;
         let Some(constants) = &self.constants else {
             return Ok(batches);
         };
@@ -515,21 +549,34 @@ impl InputFile {
         prepared: Option<&RowSelection>,
         row_group: Option<usize>,
         batch_size: usize,
+        layout: TextLayout,
     ) -> Result<Batches> {
         let selection = rows.map(|rows| match prepared {
             Some(prepared) => prepared.clone(),
             None => selection(rows, self.num_rows),
         });
         match (&self.format, self.source.stored()) {
-            (Format::Parquet(metadata), StoredFile::Local(local)) => {
-                let file = File::open(local).map_err(Error::io(local))?;
-                self.read_parquet(file, metadata, projection, selection, row_group, batch_size)
-            }
-            (Format::Parquet(metadata), StoredFile::Remote(remote)) => {
-                let remote = remote.clone();
-                self.read_parquet(
-                    remote, metadata, projection, selection, row_group, batch_size,
-                )
+            (Format::Parquet { metadata, views }, stored) => {
+                let metadata = match (layout, views) {
+                    (TextLayout::Views, Some(views)) => views,
+                    _ => metadata,
+                };
+                match stored {
+                    StoredFile::Local(local) => {
+                        let file = File::open(local).map_err(Error::io(local))?;
+                        self.read_parquet(
+                            file, metadata, projection, selection, row_group, batch_size,
+                        )
+                    }
+                    StoredFile::Remote(remote) => self.read_parquet(
+                        remote.clone(),
+                        metadata,
+                        projection,
+                        selection,
+                        row_group,
+                        batch_size,
+                    ),
+                }
             }
             (Format::Ipc { stream }, _) => {
                 let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
@@ -601,6 +648,25 @@ impl RowsToRead {
 }
 
 /// Reads until `buffer` is full or the input ends (a short file is not an error here).
+/// `metadata` again, reading the file's text and binary columns as views; `None` when it
+/// has none, or when the reader cannot take the view schema (the plain read then serves:
+/// views only save copies).
+fn view_metadata(
+    metadata: &ArrowReaderMetadata,
+    options: ArrowReaderOptions,
+) -> Option<ArrowReaderMetadata> {
+    let schema = metadata.schema();
+    let viewed = with_views(schema);
+    if viewed == **schema {
+        return None;
+    }
+    ArrowReaderMetadata::try_new(
+        Arc::clone(metadata.metadata()),
+        options.with_schema(Arc::new(viewed)),
+    )
+    .ok()
+}
+
 fn read_up_to(reader: &mut dyn Read, buffer: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buffer.len() {
@@ -786,6 +852,100 @@ mod tests {
             .collect();
         assert_eq!(sizes[0], MAX_ROW_BATCH_SIZE);
         assert_eq!(sizes.iter().sum::<usize>(), 50_000);
+    }
+
+    /// Every value of column `name` in `batches`, as text.
+    fn texts(batches: Batches, name: &str) -> Vec<String> {
+        use arrow::array::{Array, AsArray};
+        let mut values = Vec::new();
+        for batch in batches {
+            let batch = batch.expect("batch");
+            let column = batch.column_by_name(name).expect("column");
+            let column =
+                arrow::compute::cast(column, &arrow::datatypes::DataType::Utf8).expect("cast");
+            let column = column.as_string::<i32>();
+            values.extend((0..column.len()).map(|i| column.value(i).to_owned()));
+        }
+        values
+    }
+
+    #[test]
+    fn passes_read_parquet_text_as_views_of_the_same_values() {
+        use arrow::datatypes::DataType;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = file_of(dir.path(), "f.parquet", 3_000, 40);
+        let text_type = |batches: Batches| {
+            let first = batches.into_iter().next().expect("a batch").expect("read");
+            first
+                .schema()
+                .field_with_name("text")
+                .expect("text")
+                .data_type()
+                .clone()
+        };
+        let stored = || file.read_columns(&["text"]).expect("read");
+        assert_eq!(text_type(stored()), DataType::Utf8);
+        let all: Vec<u64> = (0..3_000).collect();
+        assert_eq!(
+            text_type(file.read_rows(&all).expect("rows")),
+            DataType::Utf8View
+        );
+        let piece = file.pieces()[0];
+        let piece_read = || {
+            file.read_piece_columns(&["id", "text"], piece)
+                .expect("piece")
+        };
+        assert_eq!(text_type(piece_read()), DataType::Utf8View);
+        let viewed = || {
+            file.read_columns_as(&["text"], TextLayout::Views)
+                .expect("views")
+        };
+        assert_eq!(text_type(viewed()), DataType::Utf8View);
+
+        assert_eq!(
+            texts(file.read_rows(&all).expect("rows"), "text"),
+            texts(stored(), "text")
+        );
+        assert_eq!(texts(piece_read(), "text"), texts(stored(), "text"));
+        let some = [5u64, 6, 2_999];
+        assert_eq!(
+            texts(file.read_rows(&some).expect("some rows"), "text"),
+            ["00000005", "00000006", "00002999"]
+                .map(|prefix| format!("{prefix}{}", "x".repeat(32)))
+        );
+        // The schema the job sees is the file's own.
+        assert_eq!(file.schema().field(1).data_type(), &DataType::Utf8);
+    }
+
+    #[test]
+    fn arrow_ipc_text_is_read_as_stored() {
+        use arrow::array::StringArray;
+        use arrow::datatypes::DataType;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f.arrow");
+        let batch = RecordBatch::try_from_iter([(
+            "text",
+            Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef,
+        )])
+        .expect("batch");
+        let mut writer = arrow::ipc::writer::FileWriter::try_new(
+            File::create(&path).expect("create"),
+            &batch.schema(),
+        )
+        .expect("writer");
+        writer.write(&batch).expect("write");
+        writer.finish().expect("finish");
+        let sources = expand_inputs(&[path.display().to_string()], &StorageOptions::default())
+            .expect("expand");
+        let file = InputFile::open(&sources[0]).expect("open");
+        let read = file
+            .read_rows(&[0, 1])
+            .expect("rows")
+            .next()
+            .expect("a batch")
+            .expect("read");
+        assert_eq!(read.schema().field(0).data_type(), &DataType::Utf8);
+        assert_eq!(texts(file.read_rows(&[1]).expect("rows"), "text"), ["b"]);
     }
 
     #[test]

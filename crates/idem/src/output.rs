@@ -330,7 +330,9 @@ impl OutputWriter {
         let chunk = match self.pending.len() {
             0 => return Ok(()),
             1 => self.pending.remove(0),
-            _ => arrow::compute::concat_batches(&self.schema, &self.pending)
+            // In the pending rows' own layout (text as views, from a dedup), which the
+            // Parquet writer takes as it takes the output schema's.
+            _ => arrow::compute::concat_batches(&self.pending[0].schema(), &self.pending)
                 .map_err(Error::arrow(self.files.last().cloned().unwrap_or_default()))?,
         };
         self.pending.clear();

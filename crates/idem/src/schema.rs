@@ -118,6 +118,29 @@ pub fn unify<'a>(files: impl IntoIterator<Item = (&'a Path, &'a SchemaRef)>) -> 
     )))
 }
 
+/// `schema` with its top-level text and binary columns as views (`Utf8View`, `BinaryView`).
+///
+/// The dedup carries rows in this layout between reading and writing: a view column
+/// points into the decoded Parquet pages instead of holding a copy of its values, and
+/// filtering, taking and slicing it moves 16-byte views rather than the values. The
+/// Parquet writer takes views as it takes offsets, so the output's bytes and schema are
+/// the same either way.
+pub fn with_views(schema: &Schema) -> Schema {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let viewed = match field.data_type() {
+                DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
+                DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
+                other => other.clone(),
+            };
+            field.as_ref().clone().with_data_type(viewed)
+        })
+        .collect();
+    Schema::new_with_metadata(fields, schema.metadata().clone())
+}
+
 /// Reshapes `batch` (read from `path`) to `target`: columns by name in the target's order,
 /// cast to the target's types, absent columns as nulls. With `keep_layouts`, a column whose
 /// type is only another layout of the target's (dictionary or plain) is left as it is.
@@ -192,6 +215,45 @@ mod tests {
             ]
         );
         assert!(unified.field(2).is_nullable());
+    }
+
+    #[test]
+    fn views_replace_top_level_text_and_binary_only() {
+        let dictionary = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+        let list = DataType::new_list(DataType::Utf8, true);
+        let stored = Schema::new_with_metadata(
+            vec![
+                Field::new("a", DataType::Utf8, false),
+                Field::new("b", DataType::LargeUtf8, true),
+                Field::new("c", DataType::Binary, true),
+                Field::new("d", DataType::LargeBinary, false),
+                Field::new("e", dictionary.clone(), false),
+                Field::new("f", list.clone(), true),
+                Field::new("g", DataType::Int64, false),
+                Field::new("h", DataType::Utf8View, true),
+            ],
+            [("origin".to_owned(), "test".to_owned())].into(),
+        );
+        let viewed = with_views(&stored);
+        let types: Vec<(&str, DataType, bool)> = viewed
+            .fields()
+            .iter()
+            .map(|f| (f.name().as_str(), f.data_type().clone(), f.is_nullable()))
+            .collect();
+        assert_eq!(
+            types,
+            vec![
+                ("a", DataType::Utf8View, false),
+                ("b", DataType::Utf8View, true),
+                ("c", DataType::BinaryView, true),
+                ("d", DataType::BinaryView, false),
+                ("e", dictionary, false),
+                ("f", list, true),
+                ("g", DataType::Int64, false),
+                ("h", DataType::Utf8View, true),
+            ]
+        );
+        assert_eq!(viewed.metadata(), stored.metadata());
     }
 
     #[test]
