@@ -33,7 +33,7 @@ use serde::Serialize;
 use crate::columnwise::{COLUMNWISE_FROM_FIELDS, Winners};
 use crate::decide::{Decision, decide};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, expand_inputs};
+use crate::input::{InputFile, TextLayout, expand_inputs};
 use crate::output::OutputWriter;
 use crate::schema::{conform, unify, with_views};
 use crate::state::{self, Prepared, StateFilter, StateOptions, StateReport};
@@ -296,15 +296,22 @@ fn write_dedup(
         None if goes_columnwise(&job.spec, &decided) => {
             fetch_columnwise(job, progress, decided, open)?
         }
-        Some(state) => fetch_rows(job, progress, decided, open, state, |writer, kept| {
-            writer.write(&kept)
-        })?,
+        Some(state) => fetch_rows(
+            job,
+            progress,
+            decided,
+            open,
+            state,
+            TextLayout::Views,
+            |writer, kept| writer.write(&kept),
+        )?,
         None => fetch_rows(
             job,
             progress,
             decided,
             open,
             &mut KeepAll,
+            TextLayout::Views,
             |writer, kept| writer.write(&kept),
         )?,
     };
@@ -364,7 +371,8 @@ impl DedupRun {
 }
 
 /// The two passes of a dedup of `job`'s inputs, without the output: `open` makes a sink once
-/// the schema is known, and `sink` gets every batch of winning rows, in output order.
+/// the schema is known, and `sink` gets every batch of winning rows, in output order and in
+/// that schema's types.
 pub(crate) fn dedup_rows<S>(
     job: &DedupJob,
     progress: &dyn Progress,
@@ -404,7 +412,15 @@ pub(crate) fn dedup_rows_filtered<S>(
     sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
     let decided = decide_job(job, progress)?;
-    fetch_rows(job, progress, decided, open, filter, sink)
+    fetch_rows(
+        job,
+        progress,
+        decided,
+        open,
+        filter,
+        TextLayout::AsStored,
+        sink,
+    )
 }
 
 /// What pass 1 leaves for pass 2.
@@ -452,13 +468,16 @@ pub(crate) fn decide_job(job: &DedupJob, progress: &dyn Progress) -> Result<Deci
 }
 
 /// Pass 2 row by row: reads the winners' whole rows (and tied rows, to compare them) and
-/// hands them to `sink` through `filter`.
+/// hands them to `sink` through `filter`, text and binary columns in `layout`: views for
+/// a Parquet writer, which takes them as it takes the schema's own types; as stored for
+/// sinks that hold on to the rows or build batches of the job's schema.
 fn fetch_rows<S>(
     job: &DedupJob,
     progress: &dyn Progress,
     decided: Decided,
     open: impl FnOnce(&SchemaRef) -> Result<S>,
     filter: &mut dyn WinnerFilter,
+    layout: TextLayout,
     mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
     let mut decided = decided;
@@ -479,7 +498,10 @@ fn fetch_rows<S>(
     );
     // Decoding and selecting run on a second thread while this one encodes and compresses.
     let selection = &mut decision.selection;
-    let rows_schema = Arc::new(with_views(schema));
+    let rows_schema = match layout {
+        TextLayout::Views => Arc::new(with_views(schema)),
+        TextLayout::AsStored => Arc::clone(schema),
+    };
     let mut kept_per_file = vec![0u64; files.len()];
     let files_read = files;
     pipeline(
@@ -890,6 +912,7 @@ mod tests {
             decided,
             open(&job),
             &mut KeepAll,
+            TextLayout::Views,
             |writer, kept| writer.write(&kept),
         )
         .expect("row by row");
