@@ -518,7 +518,9 @@ fn fetch_rows<S>(
                     }
                 };
                 start = end;
-                if !plan.rows.is_empty() && !fetch_planned(index, file, &plan, &rows_schema, send) {
+                if !plan.rows.is_empty()
+                    && !fetch_planned(index, file, &plan, &rows_schema, layout, send)
+                {
                     return;
                 }
             }
@@ -629,17 +631,18 @@ enum Fetched<'a> {
     Tied(&'a Path, RecordBatch, Vec<u32>),
 }
 
-/// Reads the planned rows of one file and sends them on as kept and tied batches, in the
-/// layout of `schema` (the job's, with text as views: see [`with_views`]). Returns false
-/// when the consumer has stopped.
+/// Reads the planned rows of one file, text in `layout`, and sends them on as kept and tied
+/// batches of `schema` (the job's, with text as views for `TextLayout::Views`: see
+/// [`with_views`]). Returns false when the consumer has stopped.
 fn fetch_planned<'a>(
     index: usize,
     file: &'a InputFile,
     plan: &FilePlan,
     schema: &SchemaRef,
+    layout: TextLayout,
     send: &dyn Fn(Result<Fetched<'a>>) -> bool,
 ) -> bool {
-    let batches = match file.read_rows(&plan.rows) {
+    let batches = match file.read_rows_as(&plan.rows, layout) {
         Ok(batches) => batches,
         Err(e) => {
             send(Err(e));

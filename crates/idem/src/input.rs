@@ -457,9 +457,15 @@ impl InputFile {
     /// hands them to the writer, and views make both steps move 16 bytes a value instead of
     /// the value (4-6 % of a 10M-row dedup's CPU, in benches/RESULTS.md).
     pub fn read_rows(&self, rows: &[u64]) -> Result<Batches> {
+        self.read_rows_as(rows, TextLayout::Views)
+    }
+
+    /// Reads every column of the rows at `rows` (ascending, within the file), text and
+    /// binary columns in `layout`.
+    pub fn read_rows_as(&self, rows: &[u64], layout: TextLayout) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
         let batch_size = self.row_batch_size();
-        self.read(&all, Some(rows), None, None, batch_size, TextLayout::Views)
+        self.read(&all, Some(rows), None, None, batch_size, layout)
     }
 
     /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
