@@ -89,8 +89,6 @@ const MIX: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835;
 /// A column that cannot be cast to its content type, or of a type the row format cannot
 /// encode (those without a direct path here go through it).
 pub fn mix_value_hashes(column: &dyn Array, hashes: &mut [u128]) -> Result<(), ArrowError> {
-    let column = cast(column, &content_type(column.data_type()))?;
-    let nulls = column.nulls();
     if column.len() != hashes.len() {
         return Err(ArrowError::InvalidArgumentError(format!(
             "{} values to hash into {} rows",
@@ -98,27 +96,87 @@ pub fn mix_value_hashes(column: &dyn Array, hashes: &mut [u128]) -> Result<(), A
             hashes.len()
         )));
     }
+    mix_hashes_by(column, hashes, |i| i)
+}
+
+/// [`mix_value_hashes`] of the values at `rows` of `column` (`hashes[i]` for `rows[i]`),
+/// without taking them out of the column first.
+///
+/// # Errors
+/// A row beyond the column, or as [`mix_value_hashes`].
+pub fn mix_value_hashes_at(
+    column: &dyn Array,
+    rows: &[u32],
+    hashes: &mut [u128],
+) -> Result<(), ArrowError> {
+    if rows.len() != hashes.len() {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "{} rows to hash into {} hashes",
+            rows.len(),
+            hashes.len()
+        )));
+    }
+    if let Some(&beyond) = rows.iter().find(|&&row| row as usize >= column.len()) {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "row {beyond} of a column of {} values",
+            column.len()
+        )));
+    }
+    mix_hashes_by(column, hashes, |i| rows[i] as usize)
+}
+
+/// Mixes into `hashes[i]` the hash of `column`'s value at `row(i)`, every `row(i)` within
+/// the column. Text and binary of every layout hash their bytes where they lie; other
+/// types that are not plain values are cast to their content type first.
+fn mix_hashes_by(
+    column: &dyn Array,
+    hashes: &mut [u128],
+    row: impl Fn(usize) -> usize,
+) -> Result<(), ArrowError> {
+    let nulls = column.logical_nulls();
+    let nulls = nulls.as_ref();
+    let bytes = |value: &[u8]| XxHash3_128::oneshot(value);
     match column.data_type() {
-        DataType::Null => mix_rows(hashes, nulls, |_| NULL_HASH),
+        DataType::Null => mix_rows(hashes, None, &row, |_| NULL_HASH),
         DataType::Boolean => {
             let values = column.as_boolean();
-            mix_rows(hashes, nulls, |row| {
-                XxHash3_128::oneshot(&[u8::from(values.value(row))])
+            mix_rows(hashes, nulls, &row, |row| {
+                bytes(&[u8::from(values.value(row))])
             });
         }
         DataType::Utf8 => {
             let values = column.as_string::<i32>();
-            mix_rows(hashes, nulls, |row| {
-                XxHash3_128::oneshot(values.value(row).as_bytes())
+            mix_rows(hashes, nulls, &row, |row| {
+                bytes(values.value(row).as_bytes())
+            });
+        }
+        DataType::LargeUtf8 => {
+            let values = column.as_string::<i64>();
+            mix_rows(hashes, nulls, &row, |row| {
+                bytes(values.value(row).as_bytes())
+            });
+        }
+        DataType::Utf8View => {
+            let values = column.as_string_view();
+            mix_rows(hashes, nulls, &row, |row| {
+                bytes(values.value(row).as_bytes())
             });
         }
         DataType::Binary => {
             let values = column.as_binary::<i32>();
-            mix_rows(hashes, nulls, |row| XxHash3_128::oneshot(values.value(row)));
+            mix_rows(hashes, nulls, &row, |row| bytes(values.value(row)));
+        }
+        DataType::LargeBinary => {
+            let values = column.as_binary::<i64>();
+            mix_rows(hashes, nulls, &row, |row| bytes(values.value(row)));
+        }
+        DataType::BinaryView => {
+            let values = column.as_binary_view();
+            mix_rows(hashes, nulls, &row, |row| bytes(values.value(row)));
         }
         DataType::FixedSizeBinary(_) => {
             let values = column.as_fixed_size_binary();
-            mix_rows(hashes, nulls, |row| XxHash3_128::oneshot(values.value(row)));
+            mix_rows(hashes, nulls, &row, |row| bytes(values.value(row)));
         }
         data_type => match data_type.primitive_width() {
             Some(width) => {
@@ -129,8 +187,8 @@ pub fn mix_value_hashes(column: &dyn Array, hashes: &mut [u128]) -> Result<(), A
                     .map(|b| b.as_slice())
                     .unwrap_or_default();
                 let values = values.get(data.offset() * width..).unwrap_or_default();
-                mix_rows(hashes, nulls, |row| {
-                    XxHash3_128::oneshot(
+                mix_rows(hashes, nulls, &row, |row| {
+                    bytes(
                         values
                             .get(row * width..(row + 1) * width)
                             .unwrap_or_default(),
@@ -138,30 +196,37 @@ pub fn mix_value_hashes(column: &dyn Array, hashes: &mut [u128]) -> Result<(), A
                 });
             }
             None => {
+                let content = content_type(data_type);
+                if &content != data_type {
+                    // A dictionary: its values, in their own layout.
+                    let plain = cast(column, &content)?;
+                    return mix_hashes_by(plain.as_ref(), hashes, row);
+                }
                 // Nested and other types: their values' bytes in the row format.
                 let converter = RowConverter::new(vec![SortField::new(data_type.clone())])?;
-                let rows = converter.convert_columns(std::slice::from_ref(&column))?;
-                mix_rows(hashes, nulls, |row| {
-                    XxHash3_128::oneshot(rows.row(row).as_ref())
-                });
+                let encoded =
+                    converter.convert_columns(&[arrow::array::make_array(column.to_data())])?;
+                mix_rows(hashes, nulls, &row, |row| bytes(encoded.row(row).as_ref()));
             }
         },
     }
     Ok(())
 }
 
-/// Mixes `value_hash(row)` (or [`NULL_HASH`] for a null) into each row's hash.
+/// Mixes `value_hash(row(i))` (or [`NULL_HASH`] for a null) into each `hashes[i]`.
 #[inline]
 fn mix_rows(
     hashes: &mut [u128],
     nulls: Option<&arrow::buffer::NullBuffer>,
+    row: &impl Fn(usize) -> usize,
     value_hash: impl Fn(usize) -> u128,
 ) {
-    for (row, hash) in hashes.iter_mut().enumerate() {
-        let value = if nulls.is_some_and(|n| n.is_null(row)) {
+    for (i, hash) in hashes.iter_mut().enumerate() {
+        let at = row(i);
+        let value = if nulls.is_some_and(|n| n.is_null(at)) {
             NULL_HASH
         } else {
-            value_hash(row)
+            value_hash(at)
         };
         *hash = (*hash ^ value).wrapping_mul(MIX);
     }
@@ -271,6 +336,55 @@ mod tests {
         assert_eq!(sliced, hashes[1..4]);
         let mut short = vec![0; 2];
         assert!(mix_value_hashes(text.as_ref(), &mut short).is_err());
+    }
+
+    #[test]
+    fn value_hashes_at_rows_equal_those_of_the_rows_taken_out() {
+        use arrow::array::{BinaryViewArray, LargeBinaryArray, LargeStringArray};
+        let values = [
+            Some("a"),
+            None,
+            Some(""),
+            Some("a longer value than twelve"),
+            None,
+        ];
+        let bytes: Vec<Option<&[u8]>> = values.iter().map(|v| v.map(str::as_bytes)).collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(values.to_vec())),
+            Arc::new(LargeStringArray::from(values.to_vec())),
+            Arc::new(StringViewArray::from(values.to_vec())),
+            Arc::new(BinaryViewArray::from(bytes.clone())),
+            Arc::new(LargeBinaryArray::from(bytes)),
+            Arc::new(Int64Array::from(vec![
+                Some(7),
+                None,
+                Some(0),
+                Some(-1),
+                Some(7),
+            ])),
+        ];
+        let rows = [3u32, 0, 4, 0, 1, 2];
+        let indices = arrow::array::UInt32Array::from(rows.to_vec());
+        for column in &columns {
+            let taken = arrow::compute::take(column, &indices, None).expect("take");
+            let mut at = vec![0; rows.len()];
+            mix_value_hashes_at(column.as_ref(), &rows, &mut at).expect("mix at");
+            assert_eq!(at, mixed(&[&*taken]), "{}", column.data_type());
+            // A slice's rows count from its start.
+            let mut in_slice = vec![0; 2];
+            mix_value_hashes_at(column.slice(1, 4).as_ref(), &[2, 0], &mut in_slice)
+                .expect("mix at");
+            let mut whole = vec![0; 2];
+            mix_value_hashes_at(column.as_ref(), &[3, 1], &mut whole).expect("mix at");
+            assert_eq!(in_slice, whole, "{}", column.data_type());
+        }
+        // Text hashes alike in every layout, binary alike in every layout.
+        let text_hashes: Vec<Vec<u128>> = columns[..3].iter().map(|c| mixed(&[&**c])).collect();
+        assert!(text_hashes.iter().all(|h| *h == text_hashes[0]));
+        assert_eq!(mixed(&[&*columns[3]]), mixed(&[&*columns[4]]));
+        let mut at = vec![0; 1];
+        assert!(mix_value_hashes_at(columns[0].as_ref(), &[5], &mut at).is_err());
+        assert!(mix_value_hashes_at(columns[0].as_ref(), &[0, 1], &mut at).is_err());
     }
 
     #[test]

@@ -14,14 +14,13 @@ use arrow::row::{RowConverter, SortField};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::options::{DedupSpec, TiePolicy};
-use crate::rowhash::{content_type, mix_value_hashes};
+use crate::rowhash::{content_type, mix_value_hashes_at};
 
 /// Compares the tie rows of a [`crate::Resolution`] group by group.
 #[derive(Debug)]
 pub struct TieCheck {
     spec: DedupSpec,
-    /// The non-key columns, whose values tied rows must share.
-    content: Vec<String>,
+    hasher: TieHasher,
     first_hash: Vec<Option<u128>>,
     conflicted: Vec<bool>,
     conflicts: u64,
@@ -49,7 +48,7 @@ impl TieCheck {
         }
         Ok(Self {
             spec: spec.clone(),
-            content,
+            hasher: TieHasher { content },
             first_hash: vec![None; groups as usize],
             conflicted: vec![false; groups as usize],
             conflicts: 0,
@@ -61,22 +60,51 @@ impl TieCheck {
         self.conflicts
     }
 
+    /// The hasher of this check's rows, for a thread that reads them: comparing hashes
+    /// (with [`TieCheck::observe_hashed`]) needs no copy of the rows.
+    pub fn hasher(&self) -> TieHasher {
+        self.hasher.clone()
+    }
+
     /// Compares a batch of tie rows (full rows, any order) whose groups are `groups`.
     ///
     /// # Errors
     /// Under [`TiePolicy::Error`], the first conflicting key, named with its key and version.
     pub fn observe(&mut self, batch: &RecordBatch, groups: &[u32]) -> Result<(), ArrowError> {
-        let mut hashes = vec![0u128; batch.num_rows()];
-        for name in &self.content {
-            let column = batch
-                .column_by_name(name)
-                .ok_or_else(|| ArrowError::SchemaError(format!("column '{name}' not found")))?;
-            mix_value_hashes(column.as_ref(), &mut hashes)?;
+        let rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        let hashes = self.hasher.hash_rows(batch, &rows)?;
+        let spec = self.spec.clone();
+        self.observe_hashed(groups, &hashes, |row| describe_row(batch, &spec, row))
+    }
+
+    /// Compares tie rows by their [`TieHasher::hash_rows`]: `hashes[i]` of a row of group
+    /// `groups[i]`, which `describe(i)` names in an error.
+    ///
+    /// # Errors
+    /// Under [`TiePolicy::Error`], the first conflicting key, named by `describe`.
+    pub fn observe_hashed(
+        &mut self,
+        groups: &[u32],
+        hashes: &[u128],
+        describe: impl Fn(usize) -> String,
+    ) -> Result<(), ArrowError> {
+        if groups.len() != hashes.len() {
+            return Err(ArrowError::InvalidArgumentError(format!(
+                "{} tie groups for {} row hashes",
+                groups.len(),
+                hashes.len()
+            )));
         }
-        for (row, (&group, hash)) in groups.iter().zip(hashes).enumerate() {
+        for (row, (&group, &hash)) in groups.iter().zip(hashes).enumerate() {
             let g = group as usize;
-            match self.first_hash[g] {
-                None => self.first_hash[g] = Some(hash),
+            let Some(first) = self.first_hash.get_mut(g) else {
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "tie group {g} of {}",
+                    self.conflicted.len()
+                )));
+            };
+            match *first {
+                None => *first = Some(hash),
                 Some(first) if first != hash && !self.conflicted[g] => {
                     self.conflicted[g] = true;
                     self.conflicts += 1;
@@ -84,7 +112,7 @@ impl TieCheck {
                         return Err(ArrowError::ComputeError(format!(
                             "conflicting rows for key {}: they tie at the maximum version but \
                              differ in other columns (--on-tie error)",
-                            describe_row(batch, &self.spec, row)
+                            describe(row)
                         )));
                     }
                 }
@@ -92,6 +120,30 @@ impl TieCheck {
             }
         }
         Ok(())
+    }
+}
+
+/// Hashes tie rows by their non-key values, on whichever thread holds them.
+#[derive(Debug, Clone)]
+pub struct TieHasher {
+    /// The non-key columns, whose values tied rows must share.
+    content: Vec<String>,
+}
+
+impl TieHasher {
+    /// One hash per row of `batch` at `rows`, equal for rows whose non-key values are.
+    ///
+    /// # Errors
+    /// A non-key column missing from `batch`, or a row beyond it.
+    pub fn hash_rows(&self, batch: &RecordBatch, rows: &[u32]) -> Result<Vec<u128>, ArrowError> {
+        let mut hashes = vec![0u128; rows.len()];
+        for name in &self.content {
+            let column = batch
+                .column_by_name(name)
+                .ok_or_else(|| ArrowError::SchemaError(format!("column '{name}' not found")))?;
+            mix_value_hashes_at(column.as_ref(), rows, &mut hashes)?;
+        }
+        Ok(hashes)
     }
 }
 
@@ -119,5 +171,92 @@ pub fn describe_row(batch: &RecordBatch, spec: &DedupSpec, row: usize) -> String
         format!("({})", show(&spec.keys))
     } else {
         format!("({}) at {}", show(&spec.keys), show(&spec.versions))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::DedupOptions;
+    use arrow::array::{ArrayRef, Int64Array, StringArray, StringViewArray};
+    use std::sync::Arc;
+
+    /// Rows of key `id` and version `v`: groups 0 and 1 tie, and group 1's rows differ
+    /// in `note` (one of them a null).
+    fn tied_rows(note: ArrayRef) -> RecordBatch {
+        RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from(vec![1, 2, 1, 2])) as ArrayRef,
+            ),
+            (
+                "v",
+                Arc::new(Int64Array::from(vec![5, 6, 5, 6])) as ArrayRef,
+            ),
+            ("note", note),
+        ])
+        .expect("batch")
+    }
+
+    fn check(batch: &RecordBatch, on_tie: TiePolicy) -> TieCheck {
+        let spec =
+            DedupSpec::new(["id"], ["v"]).with_options(DedupOptions::default().with_on_tie(on_tie));
+        TieCheck::try_new(&batch.schema(), &spec, 2).expect("check")
+    }
+
+    #[test]
+    fn hashed_rows_conflict_where_their_non_key_values_differ() {
+        let groups = [0, 1, 0, 1];
+        for note in [
+            Arc::new(StringArray::from(vec![
+                Some("a"),
+                Some("b"),
+                Some("a"),
+                None,
+            ])) as ArrayRef,
+            Arc::new(StringViewArray::from(vec![
+                Some("a"),
+                Some("b"),
+                Some("a"),
+                None,
+            ])),
+        ] {
+            let batch = tied_rows(note);
+            let mut whole = check(&batch, TiePolicy::First);
+            whole.observe(&batch, &groups).expect("observe");
+            assert_eq!(whole.conflicts(), 1);
+
+            // The same rows hashed a few at a time, out of order, as pass 2 reads them.
+            let mut hashed = check(&batch, TiePolicy::First);
+            let hasher = hashed.hasher();
+            for rows in [[3u32, 0], [2, 1]] {
+                let hashes = hasher.hash_rows(&batch, &rows).expect("hash");
+                let groups: Vec<u32> = rows.iter().map(|&r| groups[r as usize]).collect();
+                hashed
+                    .observe_hashed(&groups, &hashes, |i| format!("row {}", rows[i]))
+                    .expect("observe");
+            }
+            assert_eq!(hashed.conflicts(), 1);
+        }
+    }
+
+    #[test]
+    fn an_error_names_the_conflicting_row_and_bad_input_is_refused() {
+        let batch = tied_rows(Arc::new(StringArray::from(vec!["a", "b", "a", "c"])));
+        let mut strict = check(&batch, TiePolicy::Error);
+        let err = strict
+            .observe(&batch, &[0, 1, 0, 1])
+            .expect_err("conflict")
+            .to_string();
+        assert!(err.contains("id=2") && err.contains("v=6"), "{err}");
+
+        let mut lenient = check(&batch, TiePolicy::First);
+        let hasher = lenient.hasher();
+        let hashes = hasher.hash_rows(&batch, &[0, 1]).expect("hash");
+        let describe = |i: usize| format!("row {i}");
+        assert!(lenient.observe_hashed(&[0], &hashes, describe).is_err());
+        assert!(lenient.observe_hashed(&[0, 2], &hashes, describe).is_err());
+        assert!(hasher.hash_rows(&batch, &[4]).is_err());
+        assert_eq!(lenient.conflicts(), 0);
     }
 }

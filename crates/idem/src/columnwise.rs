@@ -23,9 +23,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, new_null_array};
+use arrow::array::{Array, ArrayRef, BooleanArray, new_null_array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use idem_core::mix_value_hashes;
+use idem_core::mix_value_hashes_at;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_leaves};
 use parquet::file::properties::WriterProperties;
@@ -460,10 +460,8 @@ impl<'a> Winners<'a> {
             .iter()
             .map(|&(at, tie)| ((at - read.start) as u32, tie))
             .unzip();
-        let tied = arrow::compute::take(values, &UInt32Array::from(at), None)
-            .map_err(Error::arrow(path))?;
-        let mut hashes = vec![0u128; tied.len()];
-        mix_value_hashes(tied.as_ref(), &mut hashes).map_err(Error::arrow(path))?;
+        let mut hashes = vec![0u128; at.len()];
+        mix_value_hashes_at(values.as_ref(), &at, &mut hashes).map_err(Error::arrow(path))?;
         // An odd multiplier per field: a bijection, so a field's differing values never
         // sum the same, and equal values in two fields do not cancel out.
         let weight = (u128::from(field as u64) << 1 | 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -24,10 +24,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{BooleanArray, RecordBatch, UInt32Array};
-use arrow::compute::{filter_record_batch, take_record_batch};
+use arrow::array::{BooleanArray, RecordBatch};
+use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
-use idem_core::{DedupSpec, DedupStats, TieCheck, TiePolicy, TieRow};
+use idem_core::{DedupSpec, DedupStats, TieCheck, TieHasher, TiePolicy, TieRow, describe_row};
 use serde::Serialize;
 
 use crate::columnwise::{COLUMNWISE_FROM_FIELDS, Winners};
@@ -504,6 +504,7 @@ fn fetch_rows<S>(
     };
     let mut kept_per_file = vec![0u64; files.len()];
     let files_read = files;
+    let hasher = check.hasher();
     pipeline(
         FETCH_DEPTH,
         |send| {
@@ -519,7 +520,7 @@ fn fetch_rows<S>(
                 };
                 start = end;
                 if !plan.rows.is_empty()
-                    && !fetch_planned(index, file, &plan, &rows_schema, layout, send)
+                    && !fetch_planned(index, file, &plan, &rows_schema, layout, &hasher, send)
                 {
                     return;
                 }
@@ -536,8 +537,12 @@ fn fetch_rows<S>(
                     }
                     progress.advance(rows);
                 }
-                Fetched::Tied(path, tied, groups) => {
-                    check.observe(&tied, &groups).map_err(Error::arrow(path))?;
+                Fetched::Tied(tied) => {
+                    let describe =
+                        |i: usize| describe_row(&tied.batch, &job.spec, tied.rows[i] as usize);
+                    check
+                        .observe_hashed(&tied.groups, &tied.hashes, describe)
+                        .map_err(Error::arrow(tied.path))?;
                 }
             }
             Ok(ControlFlow::Continue(()))
@@ -627,8 +632,18 @@ pub(crate) fn pipeline<T: Send>(
 enum Fetched<'a> {
     /// Rows to write, from the file at this index.
     Kept(usize, RecordBatch),
-    /// Tie rows of a file, with their groups, to compare.
-    Tied(&'a Path, RecordBatch, Vec<u32>),
+    /// Tie rows of a file, hashed, to compare.
+    Tied(TiedRows<'a>),
+}
+
+/// Tie rows among a batch's rows, hashed where they were read: their hashes are all a
+/// [`TieCheck`] compares, and the batch is at hand to name a conflicting row's key.
+struct TiedRows<'a> {
+    path: &'a Path,
+    batch: RecordBatch,
+    rows: Vec<u32>,
+    groups: Vec<u32>,
+    hashes: Vec<u128>,
 }
 
 /// Reads the planned rows of one file, text in `layout`, and sends them on as kept and tied
@@ -640,6 +655,7 @@ fn fetch_planned<'a>(
     plan: &FilePlan,
     schema: &SchemaRef,
     layout: TextLayout,
+    hasher: &TieHasher,
     send: &dyn Fn(Result<Fetched<'a>>) -> bool,
 ) -> bool {
     let batches = match file.read_rows_as(&plan.rows, layout) {
@@ -668,9 +684,18 @@ fn fetch_planned<'a>(
             }
         }
         if !tie_rows.is_empty() {
-            let tied = take_record_batch(&batch, &UInt32Array::from(tie_rows))
+            let tied = hasher
+                .hash_rows(&batch, &tie_rows)
                 .map_err(Error::arrow(file.path()))
-                .map(|tied| Fetched::Tied(file.path(), tied, groups));
+                .map(|hashes| {
+                    Fetched::Tied(TiedRows {
+                        path: file.path(),
+                        batch,
+                        rows: tie_rows,
+                        groups,
+                        hashes,
+                    })
+                });
             if !send(tied) {
                 return false;
             }
