@@ -7,24 +7,27 @@
 //! would write, only sooner.
 //!
 //! ```text
-//!   write(batch) ──▶ batches in flight [n, n+1, …]
-//!   either thread: the field furthest behind encodes its next batch
+//!   write(batch) ──▶ batches in flight [n, n+1, …], in row groups g (ended), g+1 (open)
+//!   either thread: the (row group, field) furthest behind encodes its next batch
 //!                  (compute_leaves + ArrowColumnWriter::write), or closes its row group
-//!                  at the row group's end; whoever closes a row group's last field
-//!                  appends the group to the file and makes the next group's writers
+//!                  at the row group's end; whoever closes the oldest row group's last
+//!                  field appends the group to the file
 //! ```
 //!
-//! No thread waits for the others after each batch: a field that costs more than the rest
-//! (UUID text beside integers) falls a few batches behind while the other thread goes on
-//! with the cheap ones, so both cores stay busy alongside the reader that feeds `write`.
+//! No thread waits for the others after each batch, nor at a row group's end: a field that
+//! costs more than the rest (free text beside integers: half of all the encoding in a 10M
+//! dedup) falls behind while the other thread goes on with the cheap ones, and, as two row
+//! groups are open at once, the costly field of one group and of the next are encoded at
+//! the same time, one on each thread. With one group open, that field was one thread's
+//! chain of work that the rest of the dedup waited on.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
@@ -39,26 +42,55 @@ use crate::direct::OutputFile;
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
 /// out batches and, while it would otherwise wait for room, encodes too.
 const HELPER_THREADS: usize = 1;
-/// Batches handed out and not yet encoded by every field: room for one field to lag
-/// behind the others...
-const BATCHES_IN_FLIGHT: usize = 4;
-/// ... unless they hold this many bytes (one batch always goes): with wide rows the lag
-/// buys little, as there are enough columns to share out, and would cost memory.
-const BYTES_IN_FLIGHT: usize = 8 << 20;
+/// Row groups being encoded at once: one per encoding thread, so that each thread can
+/// take the costliest field of its own group. Each open group holds a set of column
+/// writers and its compressed pages until it is appended...
+const OPEN_GROUPS: usize = 2;
+/// ... so a group opens beside another only if that one was handed at most this many
+/// bytes: rows of a few hundred bytes (a 10M dedup's group is ~25 MB) get both threads
+/// on their costliest field, while a group of 2.5 KB rows (~330 MB) has the file to
+/// itself: two of them cost 420 MB more peak memory for a fifth less time.
+const SHARED_GROUP_BYTES: usize = 64 << 20;
+/// Batches handed out and not yet encoded by every field: room for the costliest field to
+/// lag a whole row group behind the others (128 Ki rows are 16 of the dedup's 8 Ki-row
+/// write chunks), so that it is being encoded in two groups at once...
+const BATCHES_IN_FLIGHT: usize = 36;
+/// ... unless they hold this many bytes (one batch always goes). On a 10M dedup pass 2
+/// took 4.50 s with 16 MiB, 4.19 s with 32 and 4.09 s with 64 (medians of 5).
+const BYTES_IN_FLIGHT: usize = 64 << 20;
 
 /// The bytes `batch`'s rows occupy, counted for [`BYTES_IN_FLIGHT`]: a slice of a larger
 /// batch (the output's chunks are slices of the filtered reads) counts only its own rows,
-/// not the whole buffers it shares with its neighbours.
+/// not the whole buffers it shares with its neighbours. Text and binary read as views
+/// count the values they point to, which Arrow's slice size leaves out.
 fn batch_bytes(batch: &RecordBatch) -> usize {
     batch
         .columns()
         .iter()
         .map(|column| {
-            column
+            let own = column
                 .to_data()
                 .get_slice_memory_size()
-                .unwrap_or_else(|_| column.get_array_memory_size())
+                .unwrap_or_else(|_| column.get_array_memory_size());
+            own + view_value_bytes(column.as_ref())
         })
+        .sum()
+}
+
+/// The bytes of the values a view array points to (those longer than a view holds).
+fn view_value_bytes(column: &dyn Array) -> usize {
+    /// Values up to this long sit in the view itself.
+    const INLINE: u32 = 12;
+    let views = match column.data_type() {
+        DataType::Utf8View => column.as_string_view().views(),
+        DataType::BinaryView => column.as_binary_view().views(),
+        _ => return 0,
+    };
+    views
+        .iter()
+        .map(|&view| view as u32)
+        .filter(|&len| len > INLINE)
+        .map(|len| len as usize)
         .sum()
 }
 
@@ -69,6 +101,8 @@ pub(crate) struct ParallelWriter {
     helpers: Vec<JoinHandle<()>>,
     max_row_group_rows: usize,
     rows_in_group: usize,
+    /// Whether the newest of [`Encoding::groups`] still takes batches.
+    group_open: bool,
 }
 
 /// What the writing threads share.
@@ -76,18 +110,15 @@ struct Shared {
     schema: SchemaRef,
     /// The leaf columns of each top-level field, as indices into the file's columns.
     leaves: Vec<Range<usize>>,
+    /// Makes each row group's column writers.
+    factory: ArrowRowGroupWriterFactory,
     state: Mutex<Encoding>,
     /// Signalled at every change of `state`: a batch handed out, a task done, the end.
     changed: Condvar,
-    /// Locked by the thread appending a row group (they come one after another: the next
-    /// group's writers are made only after it).
-    file: Mutex<FileOutput>,
-}
-
-struct FileOutput {
-    /// Taken by [`ParallelWriter::close`] to write the footer.
-    writer: Option<SerializedFileWriter<OutputFile>>,
-    factory: ArrowRowGroupWriterFactory,
+    /// Taken by [`ParallelWriter::close`] to write the footer. Locked by the thread
+    /// appending a row group, which takes it before it lets go of `state` (never the other
+    /// way round), so that groups are appended in order.
+    file: Mutex<Option<SerializedFileWriter<OutputFile>>>,
 }
 
 /// The encoding's progress, under [`Shared::state`]'s lock.
@@ -97,10 +128,8 @@ struct Encoding {
     first_batch: u64,
     /// The memory of `batches`.
     batch_bytes: usize,
-    fields: Vec<FieldEncoder>,
-    /// Row groups not yet appended to the file, oldest first: the number of the batch
-    /// each ends before, and each field's closed column chunks once it has closed them.
-    groups: VecDeque<(u64, Vec<Option<Vec<ArrowColumnChunk>>>)>,
+    /// Row groups not yet appended to the file, oldest first; at most [`OPEN_GROUPS`].
+    groups: VecDeque<Group>,
     /// Row groups appended to the file, `groups[0]`'s number.
     groups_appended: u64,
     /// The first error a thread met, for [`ParallelWriter`] to return.
@@ -111,29 +140,36 @@ struct Encoding {
     finished: bool,
 }
 
-/// One top-level field's writers and how far they have got.
+/// A row group being encoded.
+struct Group {
+    /// The number of the batch the group ends before, once it has ended.
+    end: Option<u64>,
+    /// The bytes of the batches handed out into it (see [`batch_bytes`]).
+    bytes: usize,
+    fields: Vec<FieldEncoder>,
+}
+
+/// One top-level field's writers in one row group, and how far they have got.
 struct FieldEncoder {
-    /// The leaf writers of the field's current row group; `None` while a thread has them,
-    /// and from the field's closing a row group until the group is in the file and the
-    /// next group's writers are made (one set of writers at a time: each holds a zstd
-    /// context).
+    /// The field's leaf writers; `None` while a thread has them, and once closed.
     writers: Option<Vec<ArrowColumnWriter>>,
     /// The number of the next batch to encode.
     next_batch: u64,
-    /// Row groups this field has closed.
-    groups_closed: u64,
+    /// The closed column chunks, once the field has closed the group.
+    chunks: Option<Vec<ArrowColumnChunk>>,
 }
 
-/// Work for a thread, taken from [`Encoding`] with the field's writers.
+/// Work for a thread, taken from [`Encoding`] with the writers of a field of a row group
+/// (numbered from the file's first).
 enum Task {
-    Encode(usize, RecordBatch, Vec<ArrowColumnWriter>),
-    Close(usize, Vec<ArrowColumnWriter>),
+    Encode(u64, usize, RecordBatch, Vec<ArrowColumnWriter>),
+    Close(u64, usize, Vec<ArrowColumnWriter>),
 }
 
 /// A finished [`Task`], to put back into [`Encoding`].
 enum Done {
-    Encoded(usize, Vec<ArrowColumnWriter>),
-    Closed(usize, Vec<ArrowColumnChunk>),
+    Encoded(u64, usize, Vec<ArrowColumnWriter>),
+    Closed(u64, usize, Vec<ArrowColumnChunk>),
 }
 
 impl ParallelWriter {
@@ -152,22 +188,14 @@ impl ParallelWriter {
             ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties))?
                 .into_serialized_writer()?;
         let leaves = field_leaves(file.schema_descr(), &schema)?;
-        let fields = split_by_field(factory.create_column_writers(0)?, &leaves)
-            .into_iter()
-            .map(|writers| FieldEncoder {
-                writers: Some(writers),
-                next_batch: 0,
-                groups_closed: 0,
-            })
-            .collect();
         let shared = Arc::new(Shared {
             schema,
             leaves,
+            factory,
             state: Mutex::new(Encoding {
                 batches: VecDeque::new(),
                 first_batch: 0,
                 batch_bytes: 0,
-                fields,
                 groups: VecDeque::new(),
                 groups_appended: 0,
                 error: None,
@@ -175,16 +203,14 @@ impl ParallelWriter {
                 finished: false,
             }),
             changed: Condvar::new(),
-            file: Mutex::new(FileOutput {
-                writer: Some(file),
-                factory,
-            }),
+            file: Mutex::new(Some(file)),
         });
         let mut writer = Self {
             shared: Arc::clone(&shared),
             helpers: Vec::with_capacity(HELPER_THREADS),
             max_row_group_rows,
             rows_in_group: 0,
+            group_open: false,
         };
         for _ in 0..HELPER_THREADS {
             let shared = Arc::clone(&shared);
@@ -212,28 +238,71 @@ impl ParallelWriter {
         Ok(())
     }
 
-    /// Queues `batch` for encoding, once there is room for it in flight.
+    /// Queues `batch` for encoding, once there is room for it in flight, in a new row
+    /// group if the last one has ended.
     fn hand_out(&mut self, batch: RecordBatch) -> Result<()> {
+        if !self.group_open {
+            self.open_group()?;
+        }
         let mut state = self.shared.work_until(|state| {
             state.batches.is_empty()
                 || (state.batches.len() < BATCHES_IN_FLIGHT && state.batch_bytes < BYTES_IN_FLIGHT)
         })?;
-        state.batch_bytes += batch_bytes(&batch);
+        let bytes = batch_bytes(&batch);
+        state.batch_bytes += bytes;
+        if let Some(group) = state.groups.back_mut() {
+            group.bytes += bytes;
+        }
         state.batches.push_back(batch);
         drop(state);
         self.shared.changed.notify_all();
         Ok(())
     }
 
+    /// Starts the next row group, with its own writers, once fewer than [`OPEN_GROUPS`]
+    /// are being encoded and those are small enough to share the file with it.
+    fn open_group(&mut self) -> Result<()> {
+        let state = self.shared.work_until(|state| {
+            state.groups.is_empty()
+                || (state.groups.len() < OPEN_GROUPS
+                    && state.groups.iter().all(|g| g.bytes <= SHARED_GROUP_BYTES))
+        })?;
+        // Neither changes before the group is in place: only this thread hands out
+        // batches and opens groups, and appending a group moves one into the other.
+        let index = state.groups_appended + state.groups.len() as u64;
+        let first_batch = state.handed_out();
+        drop(state);
+        let index = usize::try_from(index)
+            .map_err(|_| ParquetError::General("too many row groups".to_owned()))?;
+        let fields = split_by_field(
+            self.shared.factory.create_column_writers(index)?,
+            &self.shared.leaves,
+        )
+        .into_iter()
+        .map(|writers| FieldEncoder {
+            writers: Some(writers),
+            next_batch: first_batch,
+            chunks: None,
+        })
+        .collect();
+        self.shared.lock().groups.push_back(Group {
+            end: None,
+            bytes: 0,
+            fields,
+        });
+        self.group_open = true;
+        Ok(())
+    }
+
     /// Ends the current row group after the batches handed out so far.
     fn end_row_group(&mut self) {
         let mut state = self.shared.lock();
-        let end = state.first_batch + state.batches.len() as u64;
-        let fields = state.fields.len();
-        state
-            .groups
-            .push_back((end, (0..fields).map(|_| None).collect()));
+        let end = state.handed_out();
+        if let Some(group) = state.groups.back_mut() {
+            group.end = Some(end);
+        }
         drop(state);
+        self.group_open = false;
         self.rows_in_group = 0;
         self.shared.changed.notify_all();
     }
@@ -251,7 +320,7 @@ impl ParallelWriter {
                 .join()
                 .map_err(|_| ParquetError::General("encoding thread panicked".into()))?;
         }
-        let writer = self.shared.file().writer.take();
+        let writer = self.shared.file().take();
         writer
             .ok_or_else(|| ParquetError::General("file already closed".to_owned()))?
             .into_inner()?
@@ -322,7 +391,7 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn file(&self) -> MutexGuard<'_, FileOutput> {
+    fn file(&self) -> MutexGuard<'_, Option<SerializedFileWriter<OutputFile>>> {
         self.file.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -367,53 +436,43 @@ impl Shared {
     }
 
     /// Runs `task` without the lock, puts its result in place and, when it closed the last
-    /// field of the oldest row group, appends that group to the file.
+    /// field of the oldest row group, appends that group to the file, and the next ones
+    /// if they were done first.
     fn run<'a>(&'a self, state: MutexGuard<'a, Encoding>, task: Task) -> MutexGuard<'a, Encoding> {
         drop(state);
         let done = task.run(&self.schema);
         let mut state = self.lock();
         state.complete(done);
-        if let Some((index, columns, another)) = state.take_finished_group() {
+        while let Some(columns) = state.take_finished_group() {
+            // The file first, then the state let go: a thread finishing the next group
+            // waits for this one to be in the file.
+            let mut file = self.file();
             drop(state);
-            let appended = self.append(index, columns, another);
+            let appended = append(file.as_mut(), columns);
+            drop(file);
             state = self.lock();
-            match appended {
-                Ok(writers) => {
-                    for (field, writers) in state.fields.iter_mut().zip(writers) {
-                        field.writers = Some(writers);
-                    }
-                }
-                Err(error) => state.fail(error),
+            if let Err(error) = appended {
+                state.fail(error);
+                break;
             }
         }
         self.changed.notify_all();
         state
     }
+}
 
-    /// Appends row group `index` to the file and, if `another` will follow, returns its
-    /// writers by field (none otherwise).
-    fn append(
-        &self,
-        index: usize,
-        columns: Vec<Vec<ArrowColumnChunk>>,
-        another: bool,
-    ) -> Result<Vec<Vec<ArrowColumnWriter>>> {
-        let mut output = self.file();
-        let file = output
-            .writer
-            .as_mut()
-            .ok_or_else(|| ParquetError::General("file already closed".to_owned()))?;
-        let mut row_group = file.next_row_group()?;
-        for chunk in columns.into_iter().flatten() {
-            chunk.append_to_row_group(&mut row_group)?;
-        }
-        row_group.close()?;
-        if !another {
-            return Ok(Vec::new());
-        }
-        let writers = output.factory.create_column_writers(index + 1)?;
-        Ok(split_by_field(writers, &self.leaves))
+/// Appends a row group's column chunks to the file.
+fn append(
+    file: Option<&mut SerializedFileWriter<OutputFile>>,
+    columns: Vec<ArrowColumnChunk>,
+) -> Result<()> {
+    let file = file.ok_or_else(|| ParquetError::General("file already closed".to_owned()))?;
+    let mut row_group = file.next_row_group()?;
+    for chunk in columns {
+        chunk.append_to_row_group(&mut row_group)?;
     }
+    row_group.close()?;
+    Ok(())
 }
 
 /// Stops the writing when a helper thread panics, so that no thread waits for it.
@@ -431,79 +490,104 @@ impl Drop for StopOnPanic<'_> {
 }
 
 impl Encoding {
-    /// The next task of the field furthest behind that has one: closing its row group when
-    /// it has encoded every batch of it, else encoding its next batch.
+    /// The number of the next batch to be handed out.
+    fn handed_out(&self) -> u64 {
+        self.first_batch + self.batches.len() as u64
+    }
+
+    /// The next task of the (row group, field) furthest behind that has one: closing the
+    /// group when the field has encoded every batch of it, else encoding its next batch.
     fn next_task(&mut self) -> Option<Task> {
-        let handed_out = self.first_batch + self.batches.len() as u64;
-        let mut best: Option<(usize, bool)> = None;
+        let handed_out = self.handed_out();
+        let mut best: Option<(usize, usize, bool)> = None;
         let mut best_batch = u64::MAX;
-        for (index, field) in self.fields.iter().enumerate() {
-            if field.writers.is_none() || field.next_batch >= best_batch {
-                continue;
-            }
-            let pending = field.groups_closed - self.groups_appended;
-            let closes = usize::try_from(pending)
-                .ok()
-                .and_then(|pending| self.groups.get(pending))
-                .is_some_and(|(end, _)| *end == field.next_batch);
-            if closes || field.next_batch < handed_out {
-                best = Some((index, closes));
-                best_batch = field.next_batch;
+        for (group_index, group) in self.groups.iter().enumerate() {
+            let available = group.end.unwrap_or(u64::MAX).min(handed_out);
+            for (index, field) in group.fields.iter().enumerate() {
+                // Strictly behind: at equal batches the older group, which closes, goes
+                // first.
+                if field.writers.is_none() || field.next_batch >= best_batch {
+                    continue;
+                }
+                let closes = group.end == Some(field.next_batch);
+                if closes || field.next_batch < available {
+                    best = Some((group_index, index, closes));
+                    best_batch = field.next_batch;
+                }
             }
         }
-        let (index, closes) = best?;
-        let field = &mut self.fields[index];
+        let (group_index, index, closes) = best?;
+        let number = self.groups_appended + group_index as u64;
+        let field = &mut self.groups.get_mut(group_index)?.fields[index];
         let writers = field.writers.take()?;
         if closes {
-            return Some(Task::Close(index, writers));
+            return Some(Task::Close(number, index, writers));
         }
         let offset = usize::try_from(field.next_batch - self.first_batch).ok()?;
-        let batch = self.batches.get(offset)?.clone();
-        Some(Task::Encode(index, batch, writers))
+        let Some(batch) = self.batches.get(offset).cloned() else {
+            // Unreachable: the field's next batch was handed out. Put the writers back
+            // rather than lose them.
+            field.writers = Some(writers);
+            return None;
+        };
+        Some(Task::Encode(number, index, batch, writers))
+    }
+
+    /// The field `index` of row group `number`, if that group is not yet appended.
+    fn field_mut(&mut self, number: u64, index: usize) -> Option<&mut FieldEncoder> {
+        let group = usize::try_from(number.checked_sub(self.groups_appended)?).ok()?;
+        self.groups.get_mut(group)?.fields.get_mut(index)
     }
 
     /// Puts a finished task's result in place.
     fn complete(&mut self, done: Result<Done>) {
         match done {
-            Ok(Done::Encoded(index, writers)) => {
-                let field = &mut self.fields[index];
-                field.writers = Some(writers);
-                field.next_batch += 1;
-                let encoded_by_all = self.fields.iter().map(|f| f.next_batch).min();
-                while encoded_by_all.is_some_and(|n| self.first_batch < n) {
+            Ok(Done::Encoded(number, index, writers)) => {
+                if let Some(field) = self.field_mut(number, index) {
+                    field.writers = Some(writers);
+                    field.next_batch += 1;
+                }
+                // Every batch belongs to a group not yet appended, so the furthest
+                // behind of their fields says which batches everyone has encoded.
+                let encoded_by_all = self
+                    .groups
+                    .iter()
+                    .flat_map(|group| &group.fields)
+                    .map(|field| field.next_batch)
+                    .min()
+                    .unwrap_or_else(|| self.handed_out());
+                while self.first_batch < encoded_by_all {
                     let bytes = self.batches.pop_front().map(|b| batch_bytes(&b));
                     self.batch_bytes -= bytes.unwrap_or(0);
                     self.first_batch += 1;
                 }
             }
-            Ok(Done::Closed(index, chunks)) => {
-                let field = &mut self.fields[index];
-                let group = field.groups_closed - self.groups_appended;
-                field.groups_closed += 1;
-                let slot = usize::try_from(group)
-                    .ok()
-                    .and_then(|group| self.groups.get_mut(group))
-                    .and_then(|(_, columns)| columns.get_mut(index));
-                if let Some(slot) = slot {
-                    *slot = Some(chunks);
+            Ok(Done::Closed(number, index, chunks)) => {
+                if let Some(field) = self.field_mut(number, index) {
+                    field.chunks = Some(chunks);
                 }
             }
             Err(error) => self.fail(error),
         }
     }
 
-    /// The oldest row group, if every field has closed it: its number, its columns, and
-    /// whether another row group may follow.
-    fn take_finished_group(&mut self) -> Option<(usize, Vec<Vec<ArrowColumnChunk>>, bool)> {
-        let (_, columns) = self.groups.front()?;
-        if !columns.iter().all(Option::is_some) {
+    /// The oldest row group's column chunks, in file order, if it has ended and every
+    /// field has closed it.
+    fn take_finished_group(&mut self) -> Option<Vec<ArrowColumnChunk>> {
+        let oldest = self.groups.front()?;
+        if oldest.end.is_none() || !oldest.fields.iter().all(|f| f.chunks.is_some()) {
             return None;
         }
-        let (_, columns) = self.groups.pop_front()?;
-        let index = usize::try_from(self.groups_appended).ok()?;
+        let oldest = self.groups.pop_front()?;
         self.groups_appended += 1;
-        let another = !self.finished || !self.groups.is_empty();
-        Some((index, columns.into_iter().flatten().collect(), another))
+        Some(
+            oldest
+                .fields
+                .into_iter()
+                .filter_map(|field| field.chunks)
+                .flatten()
+                .collect(),
+        )
     }
 
     fn fail(&mut self, error: ParquetError) {
@@ -515,20 +599,20 @@ impl Encoding {
 impl Task {
     fn run(self, schema: &SchemaRef) -> Result<Done> {
         match self {
-            Task::Encode(index, batch, mut writers) => {
+            Task::Encode(number, index, batch, mut writers) => {
                 let field = schema.field(index);
                 let leaves = compute_leaves(field, batch.column(index))?;
                 for (writer, leaf) in writers.iter_mut().zip(leaves) {
                     writer.write(&leaf)?;
                 }
-                Ok(Done::Encoded(index, writers))
+                Ok(Done::Encoded(number, index, writers))
             }
-            Task::Close(index, writers) => {
+            Task::Close(number, index, writers) => {
                 let chunks = writers
                     .into_iter()
                     .map(ArrowColumnWriter::close)
                     .collect::<Result<Vec<_>>>()?;
-                Ok(Done::Closed(index, chunks))
+                Ok(Done::Closed(number, index, chunks))
             }
         }
     }
@@ -614,6 +698,19 @@ mod tests {
     }
 
     #[test]
+    fn text_read_as_views_counts_the_values_it_points_to() {
+        use arrow::array::StringViewArray;
+        let long = "x".repeat(1000);
+        let views: ArrayRef = Arc::new(StringViewArray::from_iter_values(
+            (0..100).map(|i| if i % 2 == 0 { long.as_str() } else { "short" }),
+        ));
+        let batch = RecordBatch::try_from_iter([("text", views)]).expect("batch");
+        // 100 views of 16 bytes, and the 50 long values; the short ones sit in their views.
+        assert_eq!(batch_bytes(&batch), 100 * 16 + 50 * 1000);
+        assert_eq!(batch_bytes(&batch.slice(0, 10)), 10 * 16 + 5 * 1000);
+    }
+
+    #[test]
     fn writes_the_bytes_arrow_writer_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let batches: Vec<RecordBatch> = (0..40).map(|i| batch(i * 9000, 9000)).collect();
@@ -641,6 +738,42 @@ mod tests {
             let parallel = written(&path, &batches, properties(), true);
             assert_eq!(parallel, serial, "round {round}");
         }
+    }
+
+    #[test]
+    fn a_costly_field_encoded_in_two_row_groups_at_once_keeps_the_groups_in_order() {
+        // One long text field beside a cheap integer: the text of one group and of the
+        // next are encoded on both threads at once, and either may finish first.
+        let text = |start: usize, rows: usize| -> RecordBatch {
+            let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+                (start..start + rows).map(|i| i as i64),
+            ));
+            let words: ArrayRef = Arc::new(StringArray::from_iter_values(
+                (start..start + rows).map(|i| format!("{i:x}-").repeat(40 + i % 23)),
+            ));
+            RecordBatch::try_from_iter([("id", ids), ("words", words)]).expect("batch")
+        };
+        let batches: Vec<RecordBatch> = (0..48).map(|i| text(i * 500, 500)).collect();
+        let properties = || {
+            WriterProperties::builder()
+                .set_max_row_group_row_count(Some(1700))
+                .build()
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.parquet");
+        let serial = written(&path, &batches, properties(), false);
+        for round in 0..8 {
+            let parallel = written(&path, &batches, properties(), true);
+            assert_eq!(parallel, serial, "round {round}");
+        }
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(File::open(&path).expect("open"))
+                .expect("reader");
+        use parquet::file::reader::FileReader;
+        assert_eq!(
+            reader.metadata().num_row_groups(),
+            24_000usize.div_ceil(1700)
+        );
     }
 
     #[test]
