@@ -55,8 +55,9 @@ const SHARED_GROUP_BYTES: usize = 64 << 20;
 /// lag a whole row group behind the others (128 Ki rows are 16 of the dedup's 8 Ki-row
 /// write chunks), so that it is being encoded in two groups at once...
 const BATCHES_IN_FLIGHT: usize = 36;
-/// ... unless they hold this many bytes (one batch always goes). On a 10M dedup pass 2
-/// took 4.50 s with 16 MiB, 4.19 s with 32 and 4.09 s with 64 (medians of 5).
+/// ... unless they hold this many bytes (one batch always goes). On a 10M dedup, where
+/// 36 batches are ~50 MB, pass 2 took 4.50 s with ~22 batches in flight and 4.09–4.19 s
+/// with 36 (medians of 5).
 const BYTES_IN_FLIGHT: usize = 64 << 20;
 
 /// The bytes `batch`'s rows occupy, counted for [`BYTES_IN_FLIGHT`]: a slice of a larger
