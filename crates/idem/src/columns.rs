@@ -26,7 +26,7 @@ use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
@@ -47,7 +47,7 @@ const HELPER_THREADS: usize = 1;
 /// writers and its compressed pages until it is appended...
 const OPEN_GROUPS: usize = 2;
 /// ... so a group opens beside another only if that one was handed at most this many
-/// bytes: rows of a few hundred bytes (a 10M dedup's group is ~25 MB) get both threads
+/// bytes: rows of a few hundred bytes (a 10M dedup's group is ~22 MB) get both threads
 /// on their costliest field, while a group of 2.5 KB rows (~330 MB) has the file to
 /// itself: two of them cost 420 MB more peak memory for a fifth less time.
 const SHARED_GROUP_BYTES: usize = 64 << 20;
@@ -73,25 +73,13 @@ fn batch_bytes(batch: &RecordBatch) -> usize {
                 .to_data()
                 .get_slice_memory_size()
                 .unwrap_or_else(|_| column.get_array_memory_size());
-            own + view_value_bytes(column.as_ref())
+            let pointed_to = match column.data_type() {
+                DataType::Utf8View => column.as_string_view().total_buffer_bytes_used(),
+                DataType::BinaryView => column.as_binary_view().total_buffer_bytes_used(),
+                _ => 0,
+            };
+            own + pointed_to
         })
-        .sum()
-}
-
-/// The bytes of the values a view array points to (those longer than a view holds).
-fn view_value_bytes(column: &dyn Array) -> usize {
-    /// Values up to this long sit in the view itself.
-    const INLINE: u32 = 12;
-    let views = match column.data_type() {
-        DataType::Utf8View => column.as_string_view().views(),
-        DataType::BinaryView => column.as_binary_view().views(),
-        _ => return 0,
-    };
-    views
-        .iter()
-        .map(|&view| view as u32)
-        .filter(|&len| len > INLINE)
-        .map(|len| len as usize)
         .sum()
 }
 
@@ -124,8 +112,9 @@ struct Shared {
 
 /// The encoding's progress, under [`Shared::state`]'s lock.
 struct Encoding {
-    /// Batches not yet encoded by every field, oldest first, numbered from `first_batch`.
-    batches: VecDeque<RecordBatch>,
+    /// Batches not yet encoded by every field, oldest first, numbered from `first_batch`,
+    /// each with its [`batch_bytes`] (counted once, outside the lock).
+    batches: VecDeque<(RecordBatch, usize)>,
     first_batch: u64,
     /// The memory of `batches`.
     batch_bytes: usize,
@@ -245,16 +234,16 @@ impl ParallelWriter {
         if !self.group_open {
             self.open_group()?;
         }
+        let bytes = batch_bytes(&batch);
         let mut state = self.shared.work_until(|state| {
             state.batches.is_empty()
                 || (state.batches.len() < BATCHES_IN_FLIGHT && state.batch_bytes < BYTES_IN_FLIGHT)
         })?;
-        let bytes = batch_bytes(&batch);
         state.batch_bytes += bytes;
         if let Some(group) = state.groups.back_mut() {
             group.bytes += bytes;
         }
-        state.batches.push_back(batch);
+        state.batches.push_back((batch, bytes));
         drop(state);
         self.shared.changed.notify_all();
         Ok(())
@@ -525,7 +514,7 @@ impl Encoding {
             return Some(Task::Close(number, index, writers));
         }
         let offset = usize::try_from(field.next_batch - self.first_batch).ok()?;
-        let Some(batch) = self.batches.get(offset).cloned() else {
+        let Some((batch, _)) = self.batches.get(offset).cloned() else {
             // Unreachable: the field's next batch was handed out. Put the writers back
             // rather than lose them.
             field.writers = Some(writers);
@@ -558,7 +547,7 @@ impl Encoding {
                     .min()
                     .unwrap_or_else(|| self.handed_out());
                 while self.first_batch < encoded_by_all {
-                    let bytes = self.batches.pop_front().map(|b| batch_bytes(&b));
+                    let bytes = self.batches.pop_front().map(|(_, bytes)| bytes);
                     self.batch_bytes -= bytes.unwrap_or(0);
                     self.first_batch += 1;
                 }
