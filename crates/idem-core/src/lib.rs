@@ -49,6 +49,6 @@ pub use options::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 pub use pick::{Pick, PickByVersion, as_encoded_versions};
 pub use rowhash::{RowHasher, content_type, mix_value_hashes, mix_value_hashes_at};
 pub use stats::DedupStats;
-pub use table::{KeepMaxTable, PreparedRows, Resolution, RowPreparer, TieRow};
+pub use table::{KeepMaxTable, PositionBits, PreparedRows, Resolution, RowPreparer, TieRow};
 pub use ties::{TieCheck, TieHasher, describe_row};
 pub use version::parse_pg_lsn;

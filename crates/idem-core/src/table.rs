@@ -313,6 +313,30 @@ impl KeepMaxTable {
 
     /// Decides the winners: the positions to emit, the tie rows to compare, and the counts.
     pub fn finish(self) -> Resolution {
+        let (mut keep, resolution) = self.resolve();
+        sort_distinct_positions(&mut keep);
+        Resolution {
+            keep,
+            tie_rows: resolution.tie_rows,
+            tie_groups: resolution.tie_groups,
+            stats: resolution.stats,
+        }
+    }
+
+    /// [`Self::finish`] with the positions to emit added to `keep` instead of listed: for
+    /// a caller that holds the winners of several tables, in one set over the input, and
+    /// would otherwise sort each table's list and merge them, between the two passes with
+    /// nothing else to overlap.
+    pub fn finish_marking(self, keep: &mut PositionBits) -> Resolution<()> {
+        let (winners, resolution) = self.resolve();
+        for position in winners {
+            keep.insert(position);
+        }
+        resolution
+    }
+
+    /// The positions to emit, in slot order, and the rest of the outcome.
+    fn resolve(self) -> (Vec<u64>, Resolution<()>) {
         let keep_tombstones = self
             .spec
             .options
@@ -382,9 +406,8 @@ impl KeepMaxTable {
             kept += 1;
         }
         winner.truncate(kept);
-        sort_distinct_positions(&mut winner);
-        Resolution {
-            keep: winner,
+        let resolution = Resolution {
+            keep: (),
             tie_rows,
             tie_groups: groups,
             stats: DedupStats {
@@ -398,7 +421,91 @@ impl KeepMaxTable {
                 distinct_keys,
                 tombstones_kept,
             },
+        };
+        (winner, resolution)
+    }
+}
+
+/// A set of input positions, a bit each: the winners of a dedup fill a good part of the
+/// input's range, so a bit per position is smaller than a list of them (one eighth of a
+/// byte against eight) and yields them in order without a sort.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PositionBits {
+    words: Vec<u64>,
+}
+
+impl PositionBits {
+    /// An empty set, with room for positions `0..positions` (it grows beyond).
+    pub fn with_capacity(positions: u64) -> Self {
+        Self {
+            words: vec![0; positions.div_ceil(64) as usize],
         }
+    }
+
+    /// Adds `position`.
+    #[inline]
+    pub fn insert(&mut self, position: u64) {
+        let word = (position / 64) as usize;
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+        }
+        self.words[word] |= 1 << (position % 64);
+    }
+
+    /// Whether `position` is in the set.
+    pub fn contains(&self, position: u64) -> bool {
+        self.words
+            .get((position / 64) as usize)
+            .is_some_and(|word| word & (1 << (position % 64)) != 0)
+    }
+
+    /// Adds every position of `other`.
+    pub fn union_with(&mut self, other: &Self) {
+        if other.words.len() > self.words.len() {
+            self.words.resize(other.words.len(), 0);
+        }
+        for (mine, theirs) in self.words.iter_mut().zip(&other.words) {
+            *mine |= theirs;
+        }
+    }
+
+    /// The words covering `start..end`, each masked to the positions within it, with the
+    /// position of its bit 0.
+    fn words_in(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let end = end.min(self.words.len() as u64 * 64);
+        let (first, last) = (start / 64, end.div_ceil(64));
+        (first..last.max(first)).map(move |index| {
+            let base = index * 64;
+            let mut word = self.words[index as usize];
+            if start > base {
+                word &= u64::MAX << (start - base);
+            }
+            if end < base + 64 {
+                word &= (1u64 << (end - base)) - 1;
+            }
+            (base, word)
+        })
+    }
+
+    /// How many positions of `start..end` are in the set.
+    pub fn count_in(&self, start: u64, end: u64) -> u64 {
+        self.words_in(start, end)
+            .map(|(_, word)| u64::from(word.count_ones()))
+            .sum()
+    }
+
+    /// The positions of `start..end` in the set, ascending.
+    pub fn iter_in(&self, start: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        self.words_in(start, end).flat_map(|(base, word)| {
+            let mut word = word;
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let bit = word.trailing_zeros();
+                    word &= word - 1;
+                    base + u64::from(bit)
+                })
+            })
+        })
     }
 }
 
@@ -440,11 +547,13 @@ fn sort_distinct_positions(positions: &mut Vec<u64>) {
     }
 }
 
-/// The outcome of a [`KeepMaxTable`].
+/// The outcome of a [`KeepMaxTable`]: with the positions to emit listed
+/// ([`KeepMaxTable::finish`]), or without them when they went into a [`PositionBits`]
+/// ([`KeepMaxTable::finish_marking`]).
 #[derive(Debug, Clone)]
-pub struct Resolution {
+pub struct Resolution<Keep = Vec<u64>> {
     /// Positions of the rows to emit, ascending (so in input order).
-    pub keep: Vec<u64>,
+    pub keep: Keep,
     /// Every row tied at its key's final version, ascending by position; reading them and
     /// feeding a [`crate::TieCheck`] counts conflicts.
     pub tie_rows: Vec<TieRow>,
@@ -565,7 +674,7 @@ impl PreparedRows {
 
 #[cfg(test)]
 mod tests {
-    use super::sort_distinct_positions;
+    use super::{PositionBits, sort_distinct_positions};
 
     /// Distinct positions drawn from `0..range` at a density of `keep` in 1,000, shuffled.
     fn shuffled(range: u64, keep: u64, offset: u64, seed: u64) -> Vec<u64> {
@@ -610,5 +719,50 @@ mod tests {
         let mut repeated = vec![5, 3, 5, 4, 3];
         sort_distinct_positions(&mut repeated);
         assert_eq!(repeated, [3, 3, 4, 5, 5]);
+    }
+
+    #[test]
+    fn position_bits_hold_and_yield_what_a_sorted_list_does() {
+        for (seed, (range, keep, offset)) in [
+            (1, 1000, 0),
+            (100, 1000, 7),
+            (10_000, 730, 64),
+            (10_000, 10, 3),
+            (3000, 500, 129),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let positions = shuffled(range, keep, offset, seed as u64);
+            let (low, high) = positions.split_at(positions.len() / 2);
+            // Two halves in two sets, one too small for its positions, then joined.
+            let mut bits = PositionBits::with_capacity(range / 3);
+            let mut other = PositionBits::with_capacity(range + offset);
+            low.iter().for_each(|&p| bits.insert(p));
+            high.iter().for_each(|&p| other.insert(p));
+            bits.union_with(&other);
+            let mut sorted = positions.clone();
+            sorted.sort_unstable();
+            let end = range + offset + 70;
+            for (start, stop) in [
+                (0, end),
+                (5, 64),
+                (64, 128),
+                (63, 65),
+                (offset + 1, end.saturating_sub(100)),
+            ] {
+                let expected: Vec<u64> = sorted
+                    .iter()
+                    .copied()
+                    .filter(|p| (start..stop).contains(p))
+                    .collect();
+                assert_eq!(bits.iter_in(start, stop).collect::<Vec<_>>(), expected);
+                assert_eq!(bits.count_in(start, stop), expected.len() as u64);
+            }
+            assert!(sorted.iter().all(|&p| bits.contains(p)));
+            assert_eq!(bits.count_in(0, end), sorted.len() as u64);
+            assert!(!bits.contains(end + 1_000_000));
+            assert_eq!(bits.iter_in(50, 10).count(), 0, "an empty range");
+        }
     }
 }

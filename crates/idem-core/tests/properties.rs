@@ -17,8 +17,8 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use idem_core::key::KeyRouter;
 use idem_core::rng::SplitMix64;
 use idem_core::{
-    DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, PreparedRows, TieCheck, TiePolicy,
-    parse_pg_lsn,
+    DedupOptions, DedupSpec, DeletePolicy, KeepMaxTable, PositionBits, PreparedRows, TieCheck,
+    TiePolicy, parse_pg_lsn,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -479,11 +479,20 @@ fn split_kernel(case: &Case, parts: u32, generic_keys: bool, order_seed: u64) ->
             table.update_prepared(part).expect("update");
         }
     }
+    // The winners of all tables in one set, as pass 1 gathers them.
+    let mut keep = PositionBits::with_capacity(first / 2);
     let mut total = Outcome::default();
     for table in tables {
-        add_outcome(&mut total, outcome(case, table.finish()));
+        let marked = table.finish_marking(&mut keep);
+        let listed = idem_core::Resolution {
+            keep: Vec::new(),
+            tie_rows: marked.tie_rows,
+            tie_groups: marked.tie_groups,
+            stats: marked.stats,
+        };
+        add_outcome(&mut total, outcome(case, listed));
     }
-    total.keep.sort_unstable();
+    total.keep = keep.iter_in(0, first).collect();
     total
 }
 

@@ -31,7 +31,8 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use idem_core::key::KeyRouter;
 use idem_core::{
-    DedupSpec, DedupStats, KeepMaxTable, PreparedRows, Resolution, RowPreparer, TieRow,
+    DedupSpec, DedupStats, KeepMaxTable, PositionBits, PreparedRows, Resolution, RowPreparer,
+    TieRow,
 };
 
 use crate::dedup::{DECODE_GAPS_BELOW, FilePlan, Progress, pipeline};
@@ -129,6 +130,7 @@ fn decide_in_memory(
     ];
     let shared = Workers {
         preparer: tables[0].preparer(),
+        positions: files.iter().map(InputFile::num_rows).sum(),
         pieces: pieces(files),
         next_piece: AtomicUsize::new(0),
         names: column_names(decision_schema),
@@ -172,10 +174,12 @@ fn decide_in_memory(
         Finished::Decided {
             bytes: own_bytes,
             resolution: one,
+            mut keep,
         },
         Finished::Decided {
             bytes: other_bytes,
             resolution: two,
+            keep: other_keep,
         },
     ) = (own, other)
     else {
@@ -187,21 +191,13 @@ fn decide_in_memory(
     let mut stats = one.stats;
     stats += two.stats;
     let tie_groups = one.tie_groups + two.tie_groups;
-    let keep = merge_sorted(one.keep, two.keep, |&p| p);
-    let offset = one.tie_groups;
-    let ties = merge_sorted(
-        one.tie_rows,
-        two.tie_rows
-            .into_iter()
-            .map(|t| TieRow {
-                position: t.position,
-                group: t.group + offset,
-            })
-            .collect(),
-        |t| t.position,
-    );
+    keep.union_with(&other_keep);
     Ok(InMemory::Decided(Decision {
-        selection: Selection::InMemory { keep, ties },
+        selection: Selection::InMemory {
+            keep,
+            ties: [one.tie_rows, two.tie_rows],
+            second_groups_from: one.tie_groups,
+        },
         tie_groups,
         stats,
         table_bytes,
@@ -238,10 +234,11 @@ type Half<'a> = (PreparedRows, &'a Path);
 
 /// How a worker of [`decide_in_memory`] ended without an error.
 enum Finished {
-    /// Its table's outcome, and the bytes the table held.
+    /// Its table's outcome, the bytes the table held, and the positions its table keeps.
     Decided {
         bytes: usize,
-        resolution: Resolution,
+        resolution: Resolution<()>,
+        keep: PositionBits,
     },
     /// It stopped early: the tables outgrew the budget, or the other worker failed.
     Stopped,
@@ -250,6 +247,8 @@ enum Finished {
 /// What the two workers of [`decide_in_memory`] share.
 struct Workers<'a> {
     preparer: RowPreparer,
+    /// Rows in all files: the range of the positions.
+    positions: u64,
     pieces: Vec<Piece<'a>>,
     next_piece: AtomicUsize,
     names: Vec<&'a str>,
@@ -358,9 +357,13 @@ impl<'a> Workers<'a> {
         if self.stop.load(Ordering::SeqCst) || self.outgrown(index, &table, 0) {
             return Ok(Finished::Stopped);
         }
+        let bytes = table.size();
+        let mut keep = PositionBits::with_capacity(self.positions);
+        let resolution = table.finish_marking(&mut keep);
         Ok(Finished::Decided {
-            bytes: table.size(),
-            resolution: table.finish(),
+            bytes,
+            resolution,
+            keep,
         })
     }
 
@@ -422,20 +425,6 @@ impl<'a> Workers<'a> {
         }
         false
     }
-}
-
-/// Merges two lists ascending by `position` into one.
-fn merge_sorted<T>(one: Vec<T>, two: Vec<T>, position: impl Fn(&T) -> u64) -> Vec<T> {
-    let mut merged = Vec::with_capacity(one.len() + two.len());
-    let mut two = two.into_iter().peekable();
-    for item in one {
-        while let Some(next) = two.next_if(|t| position(t) < position(&item)) {
-            merged.push(next);
-        }
-        merged.push(item);
-    }
-    merged.extend(two);
-    merged
 }
 
 fn first_path(files: &[InputFile]) -> &Path {
@@ -632,6 +621,26 @@ fn decide_partitioned(
     })
 }
 
+/// The tie rows of an ascending list at positions `start..end`.
+fn within(ties: &[TieRow], start: u64, end: u64) -> &[TieRow] {
+    let lo = ties.partition_point(|t| t.position < start);
+    let hi = ties.partition_point(|t| t.position < end);
+    &ties[lo..hi]
+}
+
+/// Two lists of tie rows ascending by position, merged into one.
+fn merge_by_position(
+    one: impl Iterator<Item = TieRow>,
+    two: impl Iterator<Item = TieRow>,
+) -> impl Iterator<Item = TieRow> {
+    let (mut one, mut two) = (one.peekable(), two.peekable());
+    std::iter::from_fn(move || match (one.peek(), two.peek()) {
+        (Some(a), Some(b)) if b.position < a.position => two.next(),
+        (Some(_), _) => one.next(),
+        (None, _) => two.next(),
+    })
+}
+
 /// Writes ascending `(position, group)` records, 12 bytes each.
 fn write_run(path: &Path, records: impl Iterator<Item = (u64, u32)>) -> Result<()> {
     let file = File::create(path).map_err(Error::io(path))?;
@@ -690,8 +699,13 @@ impl Run {
 
 /// The rows pass 2 fetches: winners and tie rows, by position.
 pub(crate) enum Selection {
-    /// Sorted lists.
-    InMemory { keep: Vec<u64>, ties: Vec<TieRow> },
+    /// The winners as a set, and each worker's tie rows, in sorted lists.
+    InMemory {
+        keep: PositionBits,
+        ties: [Vec<TieRow>; 2],
+        /// The second list's groups are numbered from 0 as well: they follow the first's.
+        second_groups_from: u32,
+    },
     /// One sorted run per key partition, merged as pass 2 moves through the files.
     Spilled {
         keep: Vec<Run>,
@@ -706,25 +720,28 @@ impl Selection {
     /// input order.
     pub(crate) fn plan(&mut self, start: u64, end: u64) -> Result<FilePlan> {
         // Both of pass 2's readers want the short gaps read (see `DECODE_GAPS_BELOW`).
-        self.exact_plan(start, end)
-            .map(|plan| plan.with_short_gaps_read(DECODE_GAPS_BELOW))
-    }
-
-    /// The winners and tied rows at positions `start..end`, and nothing else.
-    fn exact_plan(&mut self, start: u64, end: u64) -> Result<FilePlan> {
+        let gaps_below = DECODE_GAPS_BELOW;
         match self {
-            Self::InMemory { keep, ties } => {
-                let keep = {
-                    let lo = keep.partition_point(|&p| p < start);
-                    let hi = keep.partition_point(|&p| p < end);
-                    &keep[lo..hi]
-                };
-                let ties = {
-                    let lo = ties.partition_point(|t| t.position < start);
-                    let hi = ties.partition_point(|t| t.position < end);
-                    &ties[lo..hi]
-                };
-                Ok(FilePlan::from_sorted(keep, ties, start))
+            Self::InMemory {
+                keep,
+                ties: [one, two],
+                second_groups_from,
+            } => {
+                let (one, two) = (within(one, start, end), within(two, start, end));
+                let capacity = keep.count_in(start, end) as usize + one.len() + two.len();
+                let offset = *second_groups_from;
+                let two = two.iter().map(|t| TieRow {
+                    position: t.position,
+                    group: t.group + offset,
+                });
+                let ties = merge_by_position(one.iter().copied(), two);
+                Ok(FilePlan::from_sorted(
+                    keep.iter_in(start, end),
+                    ties,
+                    start,
+                    capacity,
+                    gaps_below,
+                ))
             }
             Self::Spilled { keep, ties, .. } => {
                 let mut kept = Vec::new();
@@ -742,7 +759,14 @@ impl Selection {
                     .map(|(position, group)| TieRow { position, group })
                     .collect();
                 tied.sort_unstable_by_key(|t| t.position);
-                Ok(FilePlan::from_sorted(&kept, &tied, start))
+                let capacity = kept.len() + tied.len();
+                Ok(FilePlan::from_sorted(
+                    kept.into_iter(),
+                    tied.into_iter(),
+                    start,
+                    capacity,
+                    gaps_below,
+                ))
             }
         }
     }
@@ -845,21 +869,26 @@ mod tests {
                 assert_eq!(decision.partitions, 1);
                 assert_eq!(decision.stats, expected.stats, "seed {seed}");
                 assert_eq!(decision.tie_groups, expected.tie_groups);
-                let Selection::InMemory { keep, ties } = decision.selection else {
+                let Selection::InMemory {
+                    keep,
+                    ties: [one, two],
+                    second_groups_from,
+                } = decision.selection
+                else {
                     panic!("decided in memory");
                 };
-                assert_eq!(keep, expected.keep, "seed {seed}, {on_tie:?}");
+                let kept: Vec<u64> = keep.iter_in(0, u64::MAX).collect();
+                assert_eq!(kept, expected.keep, "seed {seed}, {on_tie:?}");
+                assert!(one.is_sorted_by_key(|t| t.position));
+                assert!(two.is_sorted_by_key(|t| t.position));
+                let second = two.iter().map(|t| TieRow {
+                    position: t.position,
+                    group: t.group + second_groups_from,
+                });
+                let ties: Vec<TieRow> = merge_by_position(one.iter().copied(), second).collect();
                 assert!(ties.is_sorted_by_key(|t| t.position));
                 assert_eq!(groups_of(&ties), groups_of(&expected.tie_rows));
             }
         }
-    }
-
-    #[test]
-    fn two_sorted_lists_merge_by_position() {
-        let merged = merge_sorted(vec![1u64, 4, 5, 9], vec![0, 2, 3, 10, 11], |&p| p);
-        assert_eq!(merged, vec![0, 1, 2, 3, 4, 5, 9, 10, 11]);
-        assert_eq!(merge_sorted(Vec::new(), vec![7u64], |&p| p), vec![7]);
-        assert_eq!(merge_sorted(vec![7u64], Vec::new(), |&p| p), vec![7]);
     }
 }

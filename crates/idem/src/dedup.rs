@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{BooleanArray, RecordBatch};
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
 use idem_core::{DedupSpec, DedupStats, TieCheck, TieHasher, TiePolicy, TieRow, describe_row};
@@ -723,52 +724,33 @@ pub(crate) struct FilePlan {
 
 impl FilePlan {
     /// Merges one file's ascending kept positions and tie rows; `start` is the position
-    /// of the file's first row.
-    pub(crate) fn from_sorted(keep: &[u64], ties: &[TieRow], start: u64) -> Self {
-        let mut plan = Self {
-            rows: Vec::with_capacity(keep.len() + ties.len()),
-            keep: Vec::with_capacity(keep.len() + ties.len()),
-            group: Vec::with_capacity(keep.len() + ties.len()),
-        };
-        let (mut k, mut t) = (0, 0);
-        while k < keep.len() || t < ties.len() {
-            let next_keep = keep.get(k).copied().unwrap_or(u64::MAX);
-            let next_tie = ties.get(t).map_or(u64::MAX, |x| x.position);
-            let position = next_keep.min(next_tie);
-            plan.rows.push(position - start);
-            plan.keep.push(next_keep == position);
-            plan.group.push(if next_tie == position {
-                ties[t].group
-            } else {
-                u32::MAX
-            });
-            k += usize::from(next_keep == position);
-            t += usize::from(next_tie == position);
-        }
-        plan
-    }
-
-    /// The plan with every gap of fewer than `below` rows between two of its rows added as
-    /// rows read but neither kept nor tied.
-    pub(crate) fn with_short_gaps_read(self, below: u64) -> Self {
-        let gap_rows: u64 = self
-            .rows
-            .windows(2)
-            .map(|pair| pair[1] - pair[0] - 1)
-            .filter(|&gap| gap < below)
-            .sum();
-        if gap_rows == 0 {
-            return self;
-        }
-        let capacity = self.rows.len() + gap_rows as usize;
+    /// of the file's first row, `capacity` how many rows the two hold at most. Every gap of
+    /// fewer than `gaps_below` rows between two of them is added as rows read but neither
+    /// kept nor tied (see [`DECODE_GAPS_BELOW`]).
+    pub(crate) fn from_sorted(
+        keep: impl Iterator<Item = u64>,
+        ties: impl Iterator<Item = TieRow>,
+        start: u64,
+        capacity: usize,
+        gaps_below: u64,
+    ) -> Self {
         let mut plan = Self {
             rows: Vec::with_capacity(capacity),
             keep: Vec::with_capacity(capacity),
             group: Vec::with_capacity(capacity),
         };
-        let mut previous: Option<u64> = None;
-        for ((&row, &keep), &group) in self.rows.iter().zip(&self.keep).zip(&self.group) {
-            if let Some(previous) = previous.filter(|&p| row - p - 1 < below) {
+        let (mut keep, mut ties) = (keep.peekable(), ties.peekable());
+        loop {
+            let next_keep = keep.peek().copied().unwrap_or(u64::MAX);
+            let next_tie = ties.peek().map_or(u64::MAX, |t| t.position);
+            let position = next_keep.min(next_tie);
+            if position == u64::MAX {
+                return plan;
+            }
+            let row = position - start;
+            if let Some(&previous) = plan.rows.last()
+                && row - previous - 1 < gaps_below
+            {
                 for gap in previous + 1..row {
                     plan.rows.push(gap);
                     plan.keep.push(false);
@@ -776,11 +758,16 @@ impl FilePlan {
                 }
             }
             plan.rows.push(row);
-            plan.keep.push(keep);
-            plan.group.push(group);
-            previous = Some(row);
+            plan.keep.push(next_keep == position);
+            plan.group
+                .push(match ties.next_if(|t| t.position == position) {
+                    Some(tie) => tie.group,
+                    None => u32::MAX,
+                });
+            if next_keep == position {
+                keep.next();
+            }
         }
-        plan
     }
 
     /// The rows, whether each is kept, and the tie group of each (`u32::MAX` for none).
@@ -791,7 +778,8 @@ impl FilePlan {
     /// The keep mask and the (row, group) tie list of selected rows `cursor..cursor + n`.
     fn slice(&self, cursor: usize, n: usize) -> (BooleanArray, (Vec<u32>, Vec<u32>)) {
         let end = (cursor + n).min(self.keep.len());
-        let keep = BooleanArray::from(self.keep[cursor..end].to_vec());
+        let keep = &self.keep[cursor.min(end)..end];
+        let keep = BooleanArray::new(BooleanBuffer::collect_bool(keep.len(), |i| keep[i]), None);
         let ties = self.group[cursor..end]
             .iter()
             .enumerate()
@@ -1137,8 +1125,8 @@ mod tests {
             },
         ];
         // Positions start at 100: rows 0, 1, 3, 40 and 100 of the file.
-        let plan = FilePlan::from_sorted(&[100, 101, 140, 200], &ties, 100);
-        let plan = plan.with_short_gaps_read(4);
+        let keep = [100, 101, 140, 200].into_iter();
+        let plan = FilePlan::from_sorted(keep, ties.into_iter(), 100, 6, 4);
         // The gap of one row (2) is read; those of 36 and 59 rows are skipped.
         assert_eq!(plan.rows, [0, 1, 2, 3, 40, 100]);
         assert_eq!(plan.keep, [true, true, false, false, true, true]);
@@ -1148,8 +1136,10 @@ mod tests {
         assert_eq!(keep, BooleanArray::from(vec![true, false, false]));
         assert_eq!((tie_rows, groups), (vec![2], vec![0]));
 
-        let dense = FilePlan::from_sorted(&[0, 1, 2], &[], 0).with_short_gaps_read(32);
+        let dense = FilePlan::from_sorted([0, 1, 2].into_iter(), std::iter::empty(), 0, 3, 32);
         assert_eq!(dense.rows, [0, 1, 2]);
+        let none = FilePlan::from_sorted(std::iter::empty(), std::iter::empty(), 10, 0, 32);
+        assert!(none.rows.is_empty());
     }
 
     #[test]
