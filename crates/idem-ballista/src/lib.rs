@@ -558,7 +558,6 @@ mod tests {
             chunk_rows: 8192,
             row_group_rows: 131_072,
             dictionary_page_bytes: 65_536,
-            data_page_bytes: 262_144,
             zstd_level: 1,
             fallback_encodings: vec![(
                 vec!["nested".to_owned(), "lsn".to_owned()],
@@ -568,24 +567,7 @@ mod tests {
         let mut buf = Vec::new();
         encode_layout("write_parts_exec", &layout, &mut buf).expect("encode");
         let decoded = decode(&buf).expect("decode").expect("an idem payload");
-        assert_eq!(decoded.layout, Some(layout.clone()));
-        // A layout from a client that predates the page size writes the crate's default.
-        let mut older = serde_json::to_value(&layout).expect("json");
-        older
-            .as_object_mut()
-            .expect("an object")
-            .remove("data_page_bytes");
-        let mut buf = Vec::new();
-        write_payload(
-            &json!({ "node": "write_parts_exec", "layout": older }),
-            &mut buf,
-        )
-        .expect("encode");
-        let decoded = decode(&buf).expect("decode").expect("an idem payload");
-        assert_eq!(
-            decoded.layout.map(|l| l.data_page_bytes),
-            Some(datafusion::parquet::file::properties::DEFAULT_PAGE_SIZE)
-        );
+        assert_eq!(decoded.layout, Some(layout));
         assert_eq!(decode(b"\x0a\x02hi").expect("foreign bytes"), None);
         assert!(decode(b"IDEMPLAN1{").is_err());
     }

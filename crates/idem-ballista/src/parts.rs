@@ -61,9 +61,6 @@ pub struct PartsLayout {
     pub row_group_rows: usize,
     /// Dictionary page size at which a column falls back to its non-dictionary encoding.
     pub dictionary_page_bytes: usize,
-    /// Data page size (the Parquet crate's default for a client that does not say).
-    #[serde(default = "default_data_page_bytes")]
-    pub data_page_bytes: usize,
     /// zstd level.
     pub zstd_level: i32,
     /// Columns (path parts) and the encoding (its Parquet name) each falls back to when
@@ -79,8 +76,7 @@ impl PartsLayout {
         let mut builder = WriterProperties::builder()
             .set_compression(Compression::ZSTD(level))
             .set_max_row_group_row_count(Some(self.row_group_rows.max(1)))
-            .set_dictionary_page_size_limit(self.dictionary_page_bytes)
-            .set_data_page_size_limit(self.data_page_bytes.max(1));
+            .set_dictionary_page_size_limit(self.dictionary_page_bytes);
         for (column, encoding) in &self.fallback_encodings {
             let encoding = Encoding::from_str(encoding)
                 .map_err(|e| DataFusionError::Configuration(format!("part files: {e}")))?;
@@ -88,10 +84,6 @@ impl PartsLayout {
         }
         Ok(builder.build())
     }
-}
-
-fn default_data_page_bytes() -> usize {
-    datafusion::parquet::file::properties::DEFAULT_PAGE_SIZE
 }
 
 /// The name of a partition's `index`-th file.

@@ -124,7 +124,6 @@ async fn executors_write_the_dedup_as_parts_and_return_their_counts() {
         chunk_rows: 256,
         row_group_rows: 512,
         dictionary_page_bytes: 4096,
-        data_page_bytes: 8192,
         zstd_level: 1,
         fallback_encodings: Vec::new(),
     };

@@ -34,9 +34,8 @@ use url::Url;
 use crate::dedup::{DedupJob, DedupReport, DedupRun, FileRows, open_inputs};
 use crate::error::{Error, Result};
 use crate::output::{
-    MAX_DATA_PAGE_BYTES, MAX_DICTIONARY_PAGE_BYTES, MAX_ROW_GROUP_ROWS, WRITE_CHUNK_ROWS,
-    fallback_encodings, hidden_sibling, publish_staged, replace_directory, staging_prefix,
-    writer_properties,
+    MAX_DICTIONARY_PAGE_BYTES, MAX_ROW_GROUP_ROWS, WRITE_CHUNK_ROWS, fallback_encodings,
+    hidden_sibling, publish_staged, replace_directory, staging_prefix, writer_properties,
 };
 use crate::sql::storage_runtime;
 use crate::storage::{Location, RemoteLocation, StorageOptions};
@@ -251,7 +250,6 @@ pub fn run_dedup_on_cluster(
         chunk_rows: WRITE_CHUNK_ROWS,
         row_group_rows: MAX_ROW_GROUP_ROWS,
         dictionary_page_bytes: MAX_DICTIONARY_PAGE_BYTES,
-        data_page_bytes: MAX_DATA_PAGE_BYTES,
         zstd_level: parquet::basic::ZstdLevel::default().compression_level(),
         fallback_encodings: fallback_encodings(&schema)
             .map_err(Error::parquet(&job.output))?

@@ -41,12 +41,6 @@ use crate::storage::{Location, RemoteLocation, StorageOptions};
 pub(crate) const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
 /// Dictionary size at which a column chunk falls back to its non-dictionary encoding.
 pub(crate) const MAX_DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
-/// Data page size, a quarter of the Parquet crate's default. A page is encoded into one
-/// buffer, copied into another and compressed into a third before the next begins: at a
-/// quarter of a megabyte the three stay in a core's 1 MiB L2 cache instead of going out to
-/// memory and back. idem's copy of the 10M sample took 3.7 % less CPU (10 alternating
-/// rounds) for 0.1–1.3 % larger files (benches/RESULTS.md).
-pub(crate) const MAX_DATA_PAGE_BYTES: usize = 256 * 1024;
 /// Rows per call into the Parquet writer. Its page and dictionary decisions are taken per
 /// call, so calls of a fixed size make the bytes depend only on the rows, not on how the
 /// input happened to be batched: that is what makes f(f(x)) = f(x) hold byte for byte.
@@ -110,8 +104,7 @@ pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<Writ
         // below at once instead of re-interning each row group, while low-cardinality
         // columns keep their dictionaries. Measured faster and smaller on every shape in
         // benches/RESULTS.md.
-        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES)
-        .set_data_page_size_limit(MAX_DATA_PAGE_BYTES);
+        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES);
     for (column, encoding) in fallback_encodings(schema)? {
         builder = builder.set_column_encoding(column, encoding);
     }
