@@ -315,12 +315,7 @@ impl KeepMaxTable {
     pub fn finish(self) -> Resolution {
         let (mut keep, resolution) = self.resolve();
         sort_distinct_positions(&mut keep);
-        Resolution {
-            keep,
-            tie_rows: resolution.tie_rows,
-            tie_groups: resolution.tie_groups,
-            stats: resolution.stats,
-        }
+        resolution.with_keep(keep)
     }
 
     /// [`Self::finish`] with the positions to emit added to `keep` instead of listed: for
@@ -561,6 +556,18 @@ pub struct Resolution<Keep = Vec<u64>> {
     pub tie_groups: u32,
     /// Counts; `conflicts` stays 0 until the tie rows have been compared.
     pub stats: DedupStats,
+}
+
+impl<Keep> Resolution<Keep> {
+    /// The same outcome with `keep` as its positions to emit.
+    pub fn with_keep<Other>(self, keep: Other) -> Resolution<Other> {
+        Resolution {
+            keep,
+            tie_rows: self.tie_rows,
+            tie_groups: self.tie_groups,
+            stats: self.stats,
+        }
+    }
 }
 
 /// Encodes batches for a [`KeepMaxTable`] without the table: the key, version and op

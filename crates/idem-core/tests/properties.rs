@@ -484,13 +484,7 @@ fn split_kernel(case: &Case, parts: u32, generic_keys: bool, order_seed: u64) ->
     let mut total = Outcome::default();
     for table in tables {
         let marked = table.finish_marking(&mut keep);
-        let listed = idem_core::Resolution {
-            keep: Vec::new(),
-            tie_rows: marked.tie_rows,
-            tie_groups: marked.tie_groups,
-            stats: marked.stats,
-        };
-        add_outcome(&mut total, outcome(case, listed));
+        add_outcome(&mut total, outcome(case, marked.with_keep(Vec::new())));
     }
     total.keep = keep.iter_in(0, first).collect();
     total

@@ -192,11 +192,15 @@ fn decide_in_memory(
     stats += two.stats;
     let tie_groups = one.tie_groups + two.tie_groups;
     keep.union_with(&other_keep);
+    // Each table numbers its tie groups from 0: the second's follow the first's.
+    let mut second_ties = two.tie_rows;
+    for tie in &mut second_ties {
+        tie.group += one.tie_groups;
+    }
     Ok(InMemory::Decided(Decision {
         selection: Selection::InMemory {
             keep,
-            ties: [one.tie_rows, two.tie_rows],
-            second_groups_from: one.tie_groups,
+            ties: [one.tie_rows, second_ties],
         },
         tie_groups,
         stats,
@@ -699,12 +703,11 @@ impl Run {
 
 /// The rows pass 2 fetches: winners and tie rows, by position.
 pub(crate) enum Selection {
-    /// The winners as a set, and each worker's tie rows, in sorted lists.
+    /// The winners as a set, and each worker's tie rows, in sorted lists (their groups
+    /// numbered apart).
     InMemory {
         keep: PositionBits,
         ties: [Vec<TieRow>; 2],
-        /// The second list's groups are numbered from 0 as well: they follow the first's.
-        second_groups_from: u32,
     },
     /// One sorted run per key partition, merged as pass 2 moves through the files.
     Spilled {
@@ -725,16 +728,10 @@ impl Selection {
             Self::InMemory {
                 keep,
                 ties: [one, two],
-                second_groups_from,
             } => {
                 let (one, two) = (within(one, start, end), within(two, start, end));
                 let capacity = keep.count_in(start, end) as usize + one.len() + two.len();
-                let offset = *second_groups_from;
-                let two = two.iter().map(|t| TieRow {
-                    position: t.position,
-                    group: t.group + offset,
-                });
-                let ties = merge_by_position(one.iter().copied(), two);
+                let ties = merge_by_position(one.iter().copied(), two.iter().copied());
                 Ok(FilePlan::from_sorted(
                     keep.iter_in(start, end),
                     ties,
@@ -872,7 +869,6 @@ mod tests {
                 let Selection::InMemory {
                     keep,
                     ties: [one, two],
-                    second_groups_from,
                 } = decision.selection
                 else {
                     panic!("decided in memory");
@@ -881,11 +877,8 @@ mod tests {
                 assert_eq!(kept, expected.keep, "seed {seed}, {on_tie:?}");
                 assert!(one.is_sorted_by_key(|t| t.position));
                 assert!(two.is_sorted_by_key(|t| t.position));
-                let second = two.iter().map(|t| TieRow {
-                    position: t.position,
-                    group: t.group + second_groups_from,
-                });
-                let ties: Vec<TieRow> = merge_by_position(one.iter().copied(), second).collect();
+                let ties: Vec<TieRow> =
+                    merge_by_position(one.iter().copied(), two.iter().copied()).collect();
                 assert!(ties.is_sorted_by_key(|t| t.position));
                 assert_eq!(groups_of(&ties), groups_of(&expected.tie_rows));
             }
