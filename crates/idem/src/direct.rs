@@ -7,15 +7,27 @@
 //! written once and read by another process later, so caching it while it is written buys
 //! nothing.
 //!
-//! `O_DIRECT` needs aligned buffers, lengths and offsets: bytes are gathered in a
-//! [`ALIGNMENT`]-aligned buffer and written in whole blocks; the tail of the file, shorter
+//! `O_DIRECT` needs aligned buffers, lengths and offsets: bytes are gathered in
+//! [`ALIGNMENT`]-aligned buffers and written in whole blocks; the tail of the file, shorter
 //! than a block, is written at [`OutputFile::finish`] with `O_DIRECT` switched off. Where
 //! the file system refuses `O_DIRECT` (tmpfs, some network file systems), at open or at the
 //! first write, the file is written through the page cache as before: the bytes are the same.
+//!
+//! An `O_DIRECT` write returns only once the device has the bytes, and the thread that
+//! writes a Parquet file is one of those encoding it. So the writes happen on a thread of
+//! their own: the writer fills one buffer while the previous one is being written.
+//!
+//! ```text
+//!   write(bytes) ──▶ current buffer ──full──▶ [queue] ──▶ I/O thread: write(2) ──┐
+//!        ▲                                                                       │
+//!        └──────────────────── emptied buffers, to fill again ◀──────────────────┘
+//! ```
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 /// The alignment of buffers, lengths and file offsets under `O_DIRECT`: the page size,
 /// a multiple of every block size Linux file systems use.
@@ -25,42 +37,89 @@ const ALIGNMENT: usize = 4096;
 /// small beside an output row group (which is buffered whole anyway).
 const BUFFER_BYTES: usize = 4 << 20;
 
+/// Buffers per file: one being filled, one being written, and one queued, so that a
+/// burst of bytes (a row group appended at once) rarely waits for the device.
+const BUFFERS: usize = 3;
+
 /// A new file, written through [`Write`] and completed by [`OutputFile::finish`].
 pub(crate) struct OutputFile {
-    file: File,
+    /// The buffer being filled.
+    current: Block,
+    /// Buffers allocated so far, at most [`BUFFERS`].
+    allocated: usize,
+    /// Whether the file was opened with `O_DIRECT` (the I/O thread may switch it off).
+    direct: bool,
+    /// Full buffers to the I/O thread; `None` once it is told to finish.
+    to_write: Option<SyncSender<Block>>,
+    /// Buffers the I/O thread has written, to fill again.
+    written: Receiver<Block>,
+    /// The I/O thread: the file and whether it is still `O_DIRECT`, or the first error.
+    io: Option<JoinHandle<io::Result<(File, bool)>>>,
+}
+
+/// A buffer whose window starts at an [`ALIGNMENT`] boundary.
+struct Block {
     /// `ALIGNMENT` bytes more than `BUFFER_BYTES`, so that an aligned window fits.
     storage: Vec<u8>,
     /// Where the aligned window starts in `storage`.
     start: usize,
     /// Bytes of the window in use.
     len: usize,
-    /// Whether `file` is still open with `O_DIRECT`.
-    direct: bool,
+}
+
+impl Block {
+    fn new() -> Self {
+        let storage = vec![0u8; BUFFER_BYTES + ALIGNMENT];
+        // Never more than ALIGNMENT for bytes; were it, `O_DIRECT` writes would be refused
+        // and the file written buffered.
+        let start = storage.as_ptr().align_offset(ALIGNMENT).min(ALIGNMENT);
+        Self {
+            storage,
+            start,
+            len: 0,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    fn room(&self) -> usize {
+        BUFFER_BYTES - self.len
+    }
+
+    /// Appends as much of `bytes` as fits; returns how much did.
+    fn fill(&mut self, bytes: &[u8]) -> usize {
+        let take = bytes.len().min(self.room());
+        let at = self.start + self.len;
+        self.storage[at..at + take].copy_from_slice(&bytes[..take]);
+        self.len += take;
+        take
+    }
 }
 
 impl OutputFile {
     /// Creates (or truncates) the file at `path`, with `O_DIRECT` where possible.
     ///
     /// # Errors
-    /// The file cannot be created.
+    /// The file cannot be created, or its I/O thread cannot be started.
     pub(crate) fn create(path: &Path) -> io::Result<Self> {
-        let storage = vec![0u8; BUFFER_BYTES + ALIGNMENT];
-        let start = storage.as_ptr().align_offset(ALIGNMENT);
-        let direct_file = if start < ALIGNMENT {
-            open_direct(path).ok()
-        } else {
-            None
+        let (file, direct) = match open_direct(path) {
+            Ok(file) => (file, true),
+            Err(_) => (File::create(path)?, false),
         };
-        let (file, direct) = match direct_file {
-            Some(file) => (file, true),
-            None => (File::create(path)?, false),
-        };
+        let (to_write, queued) = sync_channel::<Block>(BUFFERS);
+        let (to_fill, written) = sync_channel::<Block>(BUFFERS);
+        let io = std::thread::Builder::new()
+            .name("idem-write".to_owned())
+            .spawn(move || write_queued(file, direct, &queued, &to_fill))?;
         Ok(Self {
-            file,
-            storage,
-            start: start.min(ALIGNMENT),
-            len: 0,
+            current: Block::new(),
+            allocated: 1,
             direct,
+            to_write: Some(to_write),
+            written,
+            io: Some(io),
         })
     }
 
@@ -69,67 +128,134 @@ impl OutputFile {
     /// # Errors
     /// A write fails.
     pub(crate) fn finish(mut self) -> io::Result<File> {
-        self.write_whole_blocks()?;
-        if self.len > 0 {
-            self.stop_direct()?;
-            self.write_whole_blocks()?;
+        let tail = self.hand_over_whole_blocks()?;
+        drop(self.to_write.take());
+        let (mut file, direct) = self.join()?;
+        if !tail.is_empty() {
+            if direct {
+                clear_direct(&file)?;
+            }
+            file.write_all(&tail)?;
         }
-        Ok(self.file)
+        Ok(file)
     }
 
-    /// Writes the buffered bytes out, all of them when buffered, else the whole blocks
-    /// among them, keeping the rest at the start of the window.
-    fn write_whole_blocks(&mut self) -> io::Result<()> {
+    /// Queues the whole blocks buffered for the I/O thread and goes on in an empty buffer;
+    /// returns the bytes after the last whole block, which stay at its start.
+    fn hand_over_whole_blocks(&mut self) -> io::Result<Vec<u8>> {
         let ready = if self.direct {
-            self.len / ALIGNMENT * ALIGNMENT
+            self.current.len / ALIGNMENT * ALIGNMENT
         } else {
-            self.len
+            self.current.len
         };
-        if ready == 0 {
-            return Ok(());
+        let tail = self.current.bytes()[ready..].to_vec();
+        if ready > 0 {
+            let mut next = self.empty_buffer()?;
+            next.fill(&tail);
+            let mut full = std::mem::replace(&mut self.current, next);
+            full.len = ready;
+            self.queue(full)?;
         }
-        let window = self.start..self.start + ready;
-        match self.file.write_all(&self.storage[window.clone()]) {
+        Ok(tail)
+    }
+
+    /// A buffer to fill: one the I/O thread has written, or a new one while fewer than
+    /// [`BUFFERS`] exist, or else the next one it writes.
+    fn empty_buffer(&mut self) -> io::Result<Block> {
+        let reused = match self.written.try_recv() {
+            Ok(block) => Some(block),
+            Err(_) if self.allocated < BUFFERS => {
+                self.allocated += 1;
+                Some(Block::new())
+            }
+            Err(_) => None,
+        };
+        let mut block = match reused {
+            Some(block) => block,
+            // Disconnected only when the I/O thread stopped, on an error it returns.
+            None => match self.written.recv() {
+                Ok(block) => block,
+                Err(_) => return Err(self.stopped()),
+            },
+        };
+        block.len = 0;
+        Ok(block)
+    }
+
+    fn queue(&mut self, block: Block) -> io::Result<()> {
+        let sent = self
+            .to_write
+            .as_ref()
+            .is_some_and(|queue| queue.send(block).is_ok());
+        if sent { Ok(()) } else { Err(self.stopped()) }
+    }
+
+    /// The error the I/O thread stopped on.
+    fn stopped(&mut self) -> io::Error {
+        drop(self.to_write.take());
+        match self.join() {
+            Err(error) => error,
+            Ok(_) => io::Error::other("the output's I/O thread stopped"),
+        }
+    }
+
+    fn join(&mut self) -> io::Result<(File, bool)> {
+        self.io
+            .take()
+            .ok_or_else(|| io::Error::other("the output's I/O thread already ended"))?
+            .join()
+            .map_err(|_| io::Error::other("the output's I/O thread panicked"))?
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        // An abandoned file: the I/O thread ends once its queue is closed.
+        drop(self.to_write.take());
+        if let Some(io) = self.io.take() {
+            drop(io.join());
+        }
+    }
+}
+
+/// The I/O thread: writes each queued buffer in order and hands it back, until the queue
+/// closes. Stops at the first error, which it returns.
+fn write_queued(
+    mut file: File,
+    mut direct: bool,
+    queued: &Receiver<Block>,
+    to_fill: &SyncSender<Block>,
+) -> io::Result<(File, bool)> {
+    for block in queued {
+        match file.write_all(block.bytes()) {
             Ok(()) => {}
             // The file system accepted O_DIRECT at open but not this write (an alignment
             // it needs larger than ours): nothing was written, so write buffered instead.
-            Err(error) if self.direct && error.kind() == io::ErrorKind::InvalidInput => {
-                self.stop_direct()?;
-                self.file.write_all(&self.storage[window])?;
+            Err(error) if direct && error.kind() == io::ErrorKind::InvalidInput => {
+                clear_direct(&file)?;
+                direct = false;
+                file.write_all(block.bytes())?;
             }
             Err(error) => return Err(error),
         }
-        self.storage
-            .copy_within(self.start + ready..self.start + self.len, self.start);
-        self.len -= ready;
-        Ok(())
+        // The writer may have finished and stopped taking buffers back.
+        drop(to_fill.try_send(block));
     }
-
-    fn stop_direct(&mut self) -> io::Result<()> {
-        if self.direct {
-            clear_direct(&self.file)?;
-            self.direct = false;
-        }
-        Ok(())
-    }
+    Ok((file, direct))
 }
 
 impl Write for OutputFile {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if self.len == BUFFER_BYTES {
-            self.write_whole_blocks()?;
+        if self.current.room() == 0 {
+            self.hand_over_whole_blocks()?;
         }
-        let take = bytes.len().min(BUFFER_BYTES - self.len);
-        let at = self.start + self.len;
-        self.storage[at..at + take].copy_from_slice(&bytes[..take]);
-        self.len += take;
-        Ok(take)
+        Ok(self.current.fill(bytes))
     }
 
-    /// Writes the whole blocks buffered: under `O_DIRECT` a shorter tail can only be
+    /// Queues the whole blocks buffered: under `O_DIRECT` a shorter tail can only be
     /// written at [`OutputFile::finish`], as the file's last bytes.
     fn flush(&mut self) -> io::Result<()> {
-        self.write_whole_blocks()
+        self.hand_over_whole_blocks().map(drop)
     }
 }
 
@@ -206,6 +332,19 @@ mod tests {
             assert_eq!(back.len(), expected.len(), "{chunks:?}");
             assert!(back == expected, "bytes differ for chunks {chunks:?}");
         }
+    }
+
+    /// The I/O thread's error reaches the writer: at a later write or at the finish.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_write_is_an_error_of_the_file() {
+        let mut file = OutputFile::create(Path::new("/dev/full")).expect("create");
+        let bytes = pattern(BUFFER_BYTES * (BUFFERS + 2) + 5);
+        let failed = match file.write_all(&bytes) {
+            Err(error) => error,
+            Ok(()) => file.finish().expect_err("a full device"),
+        };
+        assert_eq!(failed.kind(), io::ErrorKind::StorageFull, "{failed}");
     }
 
     #[test]
