@@ -19,8 +19,8 @@
 //! earlier events. Positions are the rows' ordinals across all batches, so the caller can
 //! fetch the winning rows afterwards (late materialisation) and emit them in input order.
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
-use arrow::buffer::NullBuffer;
+use arrow::array::{Array, ArrayRef, BooleanBufferBuilder, RecordBatch, UInt64Array};
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::datatypes::{Field, Schema};
 use arrow::error::ArrowError;
 
@@ -482,6 +482,25 @@ impl PositionBits {
         })
     }
 
+    /// Positions `start..end` as bits, bit `i` for position `start + i`.
+    pub fn range_bits(&self, start: u64, end: u64) -> BooleanBuffer {
+        let len = end.saturating_sub(start) as usize;
+        let first = (start / 64) as usize;
+        let words = self.words.get(first..).unwrap_or_default();
+        let bytes: Vec<u8> = words
+            .iter()
+            .take((len + (start % 64) as usize).div_ceil(64))
+            .flat_map(|word| word.to_le_bytes())
+            .collect();
+        let offset = (start % 64) as usize;
+        let mut bits = BooleanBufferBuilder::new(len);
+        // Positions past the last word were never inserted.
+        let stored = (bytes.len() * 8).saturating_sub(offset).min(len);
+        bits.append_packed_range(offset..offset + stored, &bytes);
+        bits.append_n(len - stored, false);
+        bits.finish()
+    }
+
     /// How many positions of `start..end` are in the set.
     pub fn count_in(&self, start: u64, end: u64) -> u64 {
         self.words_in(start, end)
@@ -765,6 +784,10 @@ mod tests {
                     .collect();
                 assert_eq!(bits.iter_in(start, stop).collect::<Vec<_>>(), expected);
                 assert_eq!(bits.count_in(start, stop), expected.len() as u64);
+                let range = bits.range_bits(start, stop);
+                assert_eq!(range.len() as u64, stop.saturating_sub(start));
+                let set: Vec<u64> = range.set_indices().map(|i| start + i as u64).collect();
+                assert_eq!(set, expected, "range_bits({start}, {stop})");
             }
             assert!(sorted.iter().all(|&p| bits.contains(p)));
             assert_eq!(bits.count_in(0, end), sorted.len() as u64);

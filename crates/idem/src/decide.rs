@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
-use arrow::array::{RecordBatch, UInt32Array, UInt64Array};
+use arrow::array::{BooleanBufferBuilder, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::take_record_batch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::CompressionType;
@@ -730,13 +730,11 @@ impl Selection {
                 ties: [one, two],
             } => {
                 let (one, two) = (within(one, start, end), within(two, start, end));
-                let capacity = keep.count_in(start, end) as usize + one.len() + two.len();
                 let ties = merge_by_position(one.iter().copied(), two.iter().copied());
-                Ok(FilePlan::from_sorted(
-                    keep.iter_in(start, end),
+                Ok(FilePlan::new(
+                    &keep.range_bits(start, end),
                     ties,
                     start,
-                    capacity,
                     gaps_below,
                 ))
             }
@@ -749,19 +747,20 @@ impl Selection {
                 for run in ties.iter_mut() {
                     run.take_below(end, &mut tied)?;
                 }
-                let mut kept: Vec<u64> = kept.into_iter().map(|(p, _)| p).collect();
-                kept.sort_unstable();
+                let mut bits = BooleanBufferBuilder::new((end - start) as usize);
+                bits.append_n((end - start) as usize, false);
+                for (position, _) in kept {
+                    bits.set_bit((position - start) as usize, true);
+                }
                 let mut tied: Vec<TieRow> = tied
                     .into_iter()
                     .map(|(position, group)| TieRow { position, group })
                     .collect();
                 tied.sort_unstable_by_key(|t| t.position);
-                let capacity = kept.len() + tied.len();
-                Ok(FilePlan::from_sorted(
-                    kept.into_iter(),
+                Ok(FilePlan::new(
+                    &bits.finish(),
                     tied.into_iter(),
                     start,
-                    capacity,
                     gaps_below,
                 ))
             }

@@ -19,11 +19,12 @@
 //! column by column, a wide output holds two fields' readers and writers, not all of
 //! them.
 
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::array::BooleanBufferBuilder;
 use arrow::array::{BooleanArray, RecordBatch};
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::filter_record_batch;
@@ -520,7 +521,7 @@ fn fetch_rows<S>(
                     }
                 };
                 start = end;
-                if !plan.rows.is_empty()
+                if plan.rows_read() > 0
                     && !fetch_planned(index, file, &plan, &rows_schema, layout, &hasher, send)
                 {
                     return;
@@ -659,7 +660,7 @@ fn fetch_planned<'a>(
     hasher: &TieHasher,
     send: &dyn Fn(Result<Fetched<'a>>) -> bool,
 ) -> bool {
-    let batches = match file.read_rows_as(&plan.rows, layout) {
+    let batches = match file.read_ranges_as(plan.ranges(), layout) {
         Ok(batches) => batches,
         Err(e) => {
             send(Err(e));
@@ -702,89 +703,117 @@ fn fetch_planned<'a>(
             }
         }
     }
-    if cursor != plan.rows.len() {
+    if cursor != plan.rows_read() {
         send(Err(Error::InvalidArgument(format!(
             "{}: expected {} selected rows, read {cursor}; was the file changed during the run?",
             file.path().display(),
-            plan.rows.len()
+            plan.rows_read()
         ))));
         return false;
     }
     true
 }
 
-/// The rows pass 2 reads from one file: kept rows and tie rows, merged in row order.
+/// The rows pass 2 reads from one file, as runs: which of them it keeps, which are tied.
+///
+/// Built a 64-row word at a time from the winners' bits: nearly every row of a file is
+/// read (short gaps are), so a list of row numbers and a flag per row cost a pass over the
+/// rows and 13 bytes each, where runs, a bit per row and the tied rows alone do not.
 pub(crate) struct FilePlan {
-    /// Ascending row numbers within the file.
-    rows: Vec<u64>,
-    keep: Vec<bool>,
-    /// Tie group of each row, `u32::MAX` for none.
-    group: Vec<u32>,
+    /// Runs of the file's rows to read, ascending, apart by at least the plan's gap.
+    ranges: Vec<Range<u64>>,
+    /// A bit per row read, in order: whether the row is kept.
+    keep: BooleanBuffer,
+    /// The tied rows among those read: their index among them and their tie group,
+    /// ascending.
+    ties: Vec<(u64, u32)>,
 }
 
 impl FilePlan {
-    /// Merges one file's ascending kept positions and tie rows; `start` is the position
-    /// of the file's first row, `capacity` how many rows the two hold at most. Every gap of
-    /// fewer than `gaps_below` rows between two of them is added as rows read but neither
-    /// kept nor tied (see [`DECODE_GAPS_BELOW`]).
-    pub(crate) fn from_sorted(
-        keep: impl Iterator<Item = u64>,
+    /// The plan of a file whose first row is at position `start`: `keep` has a bit per
+    /// row of the file, set for its kept rows, and `ties` are its tied rows, ascending.
+    /// Every gap of fewer than `gaps_below` rows between two rows kept or tied is read too,
+    /// as rows neither kept nor tied (see [`DECODE_GAPS_BELOW`]).
+    pub(crate) fn new(
+        keep: &BooleanBuffer,
         ties: impl Iterator<Item = TieRow>,
         start: u64,
-        capacity: usize,
         gaps_below: u64,
     ) -> Self {
-        let mut plan = Self {
-            rows: Vec::with_capacity(capacity),
-            keep: Vec::with_capacity(capacity),
-            group: Vec::with_capacity(capacity),
-        };
-        let (mut keep, mut ties) = (keep.peekable(), ties.peekable());
-        loop {
-            let next_keep = keep.peek().copied().unwrap_or(u64::MAX);
-            let next_tie = ties.peek().map_or(u64::MAX, |t| t.position);
-            let position = next_keep.min(next_tie);
-            if position == u64::MAX {
-                return plan;
-            }
-            let row = position - start;
-            if let Some(&previous) = plan.rows.last()
-                && row - previous - 1 < gaps_below
-            {
-                for gap in previous + 1..row {
-                    plan.rows.push(gap);
-                    plan.keep.push(false);
-                    plan.group.push(u32::MAX);
-                }
-            }
-            plan.rows.push(row);
-            plan.keep.push(next_keep == position);
-            plan.group
-                .push(match ties.next_if(|t| t.position == position) {
-                    Some(tie) => tie.group,
-                    None => u32::MAX,
-                });
-            if next_keep == position {
-                keep.next();
+        let ties: Vec<(u64, u32)> = ties.map(|t| (t.position - start, t.group)).collect();
+        let mut wanted = BooleanBufferBuilder::new(keep.len());
+        wanted.append_buffer(keep);
+        for &(row, _) in &ties {
+            wanted.set_bit(row as usize, true);
+        }
+        let mut ranges: Vec<Range<u64>> = Vec::new();
+        for (from, to) in wanted.finish().set_slices() {
+            let (from, to) = (from as u64, to as u64);
+            match ranges.last_mut() {
+                Some(last) if from - last.end < gaps_below => last.end = to,
+                _ => ranges.push(from..to),
             }
         }
+        let read: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let mut kept = BooleanBufferBuilder::new(read as usize);
+        for range in &ranges {
+            kept.append_buffer(
+                &keep.slice(range.start as usize, (range.end - range.start) as usize),
+            );
+        }
+        // Each tied row's index among the rows read: the rows of the runs before its own,
+        // and its place in its run.
+        let mut runs = ranges.iter().peekable();
+        let mut read_before = 0;
+        let ties = ties
+            .into_iter()
+            .map(|(row, group)| {
+                while let Some(run) = runs.next_if(|run| run.end <= row) {
+                    read_before += run.end - run.start;
+                }
+                let run_start = runs.peek().map_or(row, |run| run.start);
+                (read_before + row - run_start, group)
+            })
+            .collect();
+        Self {
+            ranges,
+            keep: kept.finish(),
+            ties,
+        }
+    }
+
+    /// The runs of rows to read.
+    pub(crate) fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+
+    /// How many rows are read.
+    pub(crate) fn rows_read(&self) -> usize {
+        self.keep.len()
     }
 
     /// The rows, whether each is kept, and the tie group of each (`u32::MAX` for none).
     pub(crate) fn into_parts(self) -> (Vec<u64>, Vec<bool>, Vec<u32>) {
-        (self.rows, self.keep, self.group)
+        let rows: Vec<u64> = self.ranges.iter().flat_map(Range::clone).collect();
+        let keep = self.keep.iter().collect();
+        let mut group = vec![u32::MAX; rows.len()];
+        for (at, tie) in self.ties {
+            group[at as usize] = tie;
+        }
+        (rows, keep, group)
     }
 
-    /// The keep mask and the (row, group) tie list of selected rows `cursor..cursor + n`.
+    /// The keep mask and the (row, group) tie list of rows read `cursor..cursor + n`.
     fn slice(&self, cursor: usize, n: usize) -> (BooleanArray, (Vec<u32>, Vec<u32>)) {
         let end = (cursor + n).min(self.keep.len());
-        let keep = &self.keep[cursor.min(end)..end];
-        let keep = BooleanArray::new(BooleanBuffer::collect_bool(keep.len(), |i| keep[i]), None);
-        let ties = self.group[cursor..end]
+        let cursor = cursor.min(end);
+        let keep = BooleanArray::new(self.keep.slice(cursor, end - cursor), None);
+        let (from, to) = (cursor as u64, end as u64);
+        let first = self.ties.partition_point(|&(at, _)| at < from);
+        let ties = self.ties[first..]
             .iter()
-            .enumerate()
-            .filter(|(_, g)| **g != u32::MAX)
-            .map(|(row, g)| (row as u32, *g))
+            .take_while(|&&(at, _)| at < to)
+            .map(|&(at, group)| ((at - from) as u32, group))
             .unzip();
         (keep, ties)
     }
@@ -1112,34 +1141,100 @@ mod tests {
         );
     }
 
+    /// A file's keep bits: `rows` bits, set at `kept`.
+    fn bits(rows: usize, kept: &[usize]) -> BooleanBuffer {
+        let mut bits = BooleanBufferBuilder::new(rows);
+        bits.append_n(rows, false);
+        for &row in kept {
+            bits.set_bit(row, true);
+        }
+        bits.finish()
+    }
+
+    fn tie(position: u64, group: u32) -> TieRow {
+        TieRow { position, group }
+    }
+
     #[test]
     fn short_gaps_are_read_and_neither_kept_nor_tied() {
-        let ties = [
-            TieRow {
-                position: 103,
-                group: 0,
-            },
-            TieRow {
-                position: 200,
-                group: 1,
-            },
-        ];
-        // Positions start at 100: rows 0, 1, 3, 40 and 100 of the file.
-        let keep = [100, 101, 140, 200].into_iter();
-        let plan = FilePlan::from_sorted(keep, ties.into_iter(), 100, 6, 4);
+        // Positions start at 100: rows 0, 1, 3, 40 and 100 of the file are wanted.
+        let keep = bits(120, &[0, 1, 40, 100]);
+        let plan = FilePlan::new(&keep, [tie(103, 0), tie(200, 1)].into_iter(), 100, 4);
         // The gap of one row (2) is read; those of 36 and 59 rows are skipped.
-        assert_eq!(plan.rows, [0, 1, 2, 3, 40, 100]);
-        assert_eq!(plan.keep, [true, true, false, false, true, true]);
-        assert_eq!(plan.group, [u32::MAX, u32::MAX, u32::MAX, 0, u32::MAX, 1]);
+        assert_eq!(plan.ranges(), [0..4, 40..41, 100..101]);
+        let (rows, kept, groups) =
+            FilePlan::new(&keep, [tie(103, 0), tie(200, 1)].into_iter(), 100, 4).into_parts();
+        assert_eq!(rows, [0, 1, 2, 3, 40, 100]);
+        assert_eq!(kept, [true, true, false, false, true, true]);
+        assert_eq!(groups, [u32::MAX, u32::MAX, u32::MAX, 0, u32::MAX, 1]);
 
         let (keep, (tie_rows, groups)) = plan.slice(1, 3);
         assert_eq!(keep, BooleanArray::from(vec![true, false, false]));
         assert_eq!((tie_rows, groups), (vec![2], vec![0]));
+        let (keep, (tie_rows, groups)) = plan.slice(4, 10);
+        assert_eq!(keep, BooleanArray::from(vec![true, true]));
+        assert_eq!((tie_rows, groups), (vec![1], vec![1]));
 
-        let dense = FilePlan::from_sorted([0, 1, 2].into_iter(), std::iter::empty(), 0, 3, 32);
-        assert_eq!(dense.rows, [0, 1, 2]);
-        let none = FilePlan::from_sorted(std::iter::empty(), std::iter::empty(), 10, 0, 32);
-        assert!(none.rows.is_empty());
+        let dense = FilePlan::new(&bits(3, &[0, 1, 2]), std::iter::empty(), 0, 32);
+        assert_eq!(dense.ranges(), std::slice::from_ref(&(0..3)));
+        let none = FilePlan::new(&bits(5, &[]), std::iter::empty(), 10, 32);
+        assert_eq!(none.rows_read(), 0);
+        assert!(none.ranges().is_empty());
+    }
+
+    /// Against the row-by-row rule, on random plans: a row is read when it is kept, tied,
+    /// or in a gap shorter than the limit between two such rows.
+    #[test]
+    fn plans_read_what_the_row_by_row_rule_reads() {
+        let mut rng = idem_core::rng::SplitMix64::new(7);
+        for round in 0..200 {
+            let rows = (rng.next_u64() % 300) as usize;
+            let start = rng.next_u64() % 1000;
+            let gaps_below = rng.next_u64() % 40;
+            let density = rng.next_u64() % 100;
+            let kept: Vec<usize> = (0..rows)
+                .filter(|_| rng.next_u64() % 100 < density)
+                .collect();
+            let ties: Vec<TieRow> = (0..rows)
+                .filter(|_| rng.next_u64() % 100 < density / 3)
+                .map(|row| tie(start + row as u64, row as u32 * 7))
+                .collect();
+            let wanted: Vec<u64> = (0..rows as u64)
+                .filter(|row| {
+                    kept.contains(&(*row as usize))
+                        || ties.iter().any(|t| t.position == start + row)
+                })
+                .collect();
+            let mut expected = Vec::new();
+            for (i, &row) in wanted.iter().enumerate() {
+                if let Some(&previous) = i.checked_sub(1).map(|p| &wanted[p])
+                    && row - previous - 1 < gaps_below
+                {
+                    expected.extend(previous + 1..row);
+                }
+                expected.push(row);
+            }
+            let plan = FilePlan::new(
+                &bits(rows, &kept),
+                ties.clone().into_iter(),
+                start,
+                gaps_below,
+            );
+            let (read, keep, groups) = plan.into_parts();
+            assert_eq!(read, expected, "round {round}");
+            for (i, &row) in read.iter().enumerate() {
+                assert_eq!(
+                    keep[i],
+                    kept.contains(&(row as usize)),
+                    "round {round} row {row}"
+                );
+                let group = ties
+                    .iter()
+                    .find(|t| t.position == start + row)
+                    .map_or(u32::MAX, |t| t.group);
+                assert_eq!(groups[i], group, "round {round} row {row}");
+            }
+        }
     }
 
     #[test]

@@ -468,6 +468,29 @@ impl InputFile {
         self.read(&all, Some(rows), None, None, batch_size, layout)
     }
 
+    /// Reads every column of the rows in `ranges` (ascending and disjoint, within the
+    /// file), text and binary columns in `layout`.
+    pub(crate) fn read_ranges_as(
+        &self,
+        ranges: &[std::ops::Range<u64>],
+        layout: TextLayout,
+    ) -> Result<Batches> {
+        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+        let batch_size = self.row_batch_size();
+        match &self.format {
+            // The runs are the Parquet reader's selection as they are; the row numbers,
+            // which it would otherwise be made from, are never listed.
+            Format::Parquet { .. } => {
+                let selection = ranges_selection(ranges, self.num_rows);
+                self.read(&all, Some(&[]), Some(&selection), None, batch_size, layout)
+            }
+            Format::Ipc { .. } => {
+                let rows: Vec<u64> = ranges.iter().flat_map(std::ops::Range::clone).collect();
+                self.read(&all, Some(&rows), None, None, batch_size, layout)
+            }
+        }
+    }
+
     /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
     /// uncompressed size, between [`BATCH_SIZE`] and [`MAX_ROW_BATCH_SIZE`].
     fn row_batch_size(&self) -> usize {
@@ -738,6 +761,24 @@ fn selection(rows: &[u64], num_rows: u64) -> RowSelection {
     RowSelection::from(selectors)
 }
 
+/// The Parquet selection of the rows in `ranges` (ascending and disjoint) of a file of
+/// `num_rows` rows.
+fn ranges_selection(ranges: &[std::ops::Range<u64>], num_rows: u64) -> RowSelection {
+    let mut selectors = Vec::with_capacity(ranges.len() * 2 + 1);
+    let mut next = 0u64;
+    for range in ranges {
+        if range.start > next {
+            selectors.push(RowSelector::skip((range.start - next) as usize));
+        }
+        selectors.push(RowSelector::select((range.end - range.start) as usize));
+        next = range.end;
+    }
+    if num_rows > next {
+        selectors.push(RowSelector::skip((num_rows - next) as usize));
+    }
+    RowSelection::from(selectors)
+}
+
 /// Filters an IPC stream down to the rows at `rows` (ascending), for formats without a
 /// row selection of their own.
 fn select_rows(
@@ -952,6 +993,21 @@ mod tests {
             .expect("read");
         assert_eq!(read.schema().field(0).data_type(), &DataType::Utf8);
         assert_eq!(texts(file.read_rows(&[1]).expect("rows"), "text"), ["b"]);
+    }
+
+    #[test]
+    fn selection_of_ranges_is_that_of_their_rows() {
+        let ranges = [0..3, 5..6, 9..10];
+        let rows: Vec<u64> = ranges.iter().flat_map(std::ops::Range::clone).collect();
+        for num_rows in [10, 12] {
+            let of_ranges = Vec::<RowSelector>::from(ranges_selection(&ranges, num_rows));
+            let of_rows = Vec::<RowSelector>::from(selection(&rows, num_rows));
+            assert_eq!(of_ranges, of_rows, "{num_rows} rows");
+        }
+        assert_eq!(
+            Vec::<RowSelector>::from(ranges_selection(&[], 4)),
+            vec![RowSelector::skip(4)]
+        );
     }
 
     #[test]
