@@ -793,6 +793,14 @@ mod tests {
             assert_eq!(bits.count_in(0, end), sorted.len() as u64);
             assert!(!bits.contains(end + 1_000_000));
             assert_eq!(bits.iter_in(50, 10).count(), 0, "an empty range");
+            let past = bits.range_bits(end + 1000, end + 1100);
+            assert_eq!(
+                (past.len(), past.count_set_bits()),
+                (100, 0),
+                "past the words"
+            );
+            let straddling = bits.range_bits(end - 70, end + 130);
+            assert_eq!(straddling.len(), 200);
         }
     }
 }
