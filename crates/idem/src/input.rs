@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -400,7 +401,7 @@ impl InputFile {
     /// columns in `layout`.
     pub fn read_columns_as(&self, columns: &[&str], layout: TextLayout) -> Result<Batches> {
         let indices = self.column_indices(columns)?;
-        self.read(&indices, None, None, None, BATCH_SIZE, layout)
+        self.read(&indices, Wanted::All, None, BATCH_SIZE, layout)
     }
 
     /// The indices of the named columns (which must exist) in schema order, as batches
@@ -449,7 +450,7 @@ impl InputFile {
     pub(crate) fn read_piece_columns(&self, columns: &[&str], piece: FilePiece) -> Result<Batches> {
         let indices = self.column_indices(columns)?;
         let group = piece.row_group;
-        self.read(&indices, None, None, group, BATCH_SIZE, TextLayout::Views)
+        self.read(&indices, Wanted::All, group, BATCH_SIZE, TextLayout::Views)
     }
 
     /// Reads every column of the rows at `rows` (ascending, within the file), text and
@@ -465,30 +466,19 @@ impl InputFile {
     pub fn read_rows_as(&self, rows: &[u64], layout: TextLayout) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
         let batch_size = self.row_batch_size();
-        self.read(&all, Some(rows), None, None, batch_size, layout)
+        self.read(&all, Wanted::Rows(rows, None), None, batch_size, layout)
     }
 
     /// Reads every column of the rows in `ranges` (ascending and disjoint, within the
     /// file), text and binary columns in `layout`.
     pub(crate) fn read_ranges_as(
         &self,
-        ranges: &[std::ops::Range<u64>],
+        ranges: &[Range<u64>],
         layout: TextLayout,
     ) -> Result<Batches> {
         let all: Vec<usize> = (0..self.schema.fields().len()).collect();
         let batch_size = self.row_batch_size();
-        match &self.format {
-            // The runs are the Parquet reader's selection as they are; the row numbers,
-            // which it would otherwise be made from, are never listed.
-            Format::Parquet { .. } => {
-                let selection = ranges_selection(ranges, self.num_rows);
-                self.read(&all, Some(&[]), Some(&selection), None, batch_size, layout)
-            }
-            Format::Ipc { .. } => {
-                let rows: Vec<u64> = ranges.iter().flat_map(std::ops::Range::clone).collect();
-                self.read(&all, Some(&rows), None, None, batch_size, layout)
-            }
-        }
+        self.read(&all, Wanted::Runs(ranges), None, batch_size, layout)
     }
 
     /// Rows per batch of whole rows: [`ROW_BATCH_BYTES`] of them, by the file's own
@@ -524,8 +514,7 @@ impl InputFile {
             Ok(index) => self
                 .read(
                     &[index],
-                    Some(&rows.rows),
-                    Some(&rows.selection),
+                    Wanted::Rows(&rows.rows, Some(&rows.selection)),
                     None,
                     BATCH_SIZE,
                     TextLayout::Views,
@@ -535,15 +524,13 @@ impl InputFile {
         }
     }
 
-    /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the rows at
-    /// `rows` if given (whose Parquet selection is `prepared`, if made already), of one
-    /// Parquet row group if `row_group` says which, in batches of `batch_size` rows from
-    /// Parquet, text and binary columns in `layout`.
+    /// Reads the columns at `indices` (ascending, into [`Self::schema`]), of the `wanted`
+    /// rows, of one Parquet row group if `row_group` says which, in batches of
+    /// `batch_size` rows from Parquet, text and binary columns in `layout`.
     fn read(
         &self,
         indices: &[usize],
-        rows: Option<&[u64]>,
-        prepared: Option<&RowSelection>,
+        wanted: Wanted<'_>,
         row_group: Option<usize>,
         batch_size: usize,
         layout: TextLayout,
@@ -554,8 +541,7 @@ impl InputFile {
             .filter(|&&i| i < stored)
             .map(|&i| self.stored[i])
             .collect();
-        let batches =
-            self.read_stored(projection, rows, prepared, row_group, batch_size, layout)?;
+        let batches = self.read_stored(projection, wanted, row_group, batch_size, layout)?;
         let Some(constants) = &self.constants else {
             return Ok(batches);
         };
@@ -574,18 +560,14 @@ impl InputFile {
     fn read_stored(
         &self,
         projection: Vec<usize>,
-        rows: Option<&[u64]>,
-        prepared: Option<&RowSelection>,
+        wanted: Wanted<'_>,
         row_group: Option<usize>,
         batch_size: usize,
         layout: TextLayout,
     ) -> Result<Batches> {
-        let selection = rows.map(|rows| match prepared {
-            Some(prepared) => prepared.clone(),
-            None => selection(rows, self.num_rows),
-        });
         match (&self.format, self.source.stored()) {
             (Format::Parquet { metadata, views }, stored) => {
+                let selection = wanted.parquet_selection(self.num_rows);
                 let metadata = match (layout, views) {
                     (TextLayout::Views, Some(views)) => views,
                     _ => metadata,
@@ -609,13 +591,9 @@ impl InputFile {
             }
             (Format::Ipc { stream }, _) => {
                 let (_, batches) = ipc_batches(&self.source, *stream, Some(projection))?;
-                match rows {
+                match wanted.listed() {
                     None => Ok(batches),
-                    Some(rows) => Ok(Box::new(select_rows(
-                        batches,
-                        rows.to_vec(),
-                        self.path.clone(),
-                    ))),
+                    Some(rows) => Ok(Box::new(select_rows(batches, rows, self.path.clone()))),
                 }
             }
         }
@@ -736,34 +714,56 @@ fn count_rows(batches: impl Iterator<Item = Result<RecordBatch>>) -> Result<u64>
     batches.map(|b| b.map(|b| b.num_rows() as u64)).sum()
 }
 
+/// The rows a read takes.
+#[derive(Clone, Copy)]
+enum Wanted<'a> {
+    /// Every row (of the row group read, if one is).
+    All,
+    /// The rows at these numbers, ascending, with their Parquet selection if it was made
+    /// already.
+    Rows(&'a [u64], Option<&'a RowSelection>),
+    /// The rows of these runs, ascending and disjoint.
+    Runs(&'a [Range<u64>]),
+}
+
+impl Wanted<'_> {
+    /// The Parquet reader's selection of these rows in a file of `num_rows` rows; `None`
+    /// for every row.
+    fn parquet_selection(self, num_rows: u64) -> Option<RowSelection> {
+        match self {
+            Self::All => None,
+            Self::Rows(_, Some(prepared)) => Some(prepared.clone()),
+            Self::Rows(rows, None) => Some(selection(rows, num_rows)),
+            Self::Runs(runs) => Some(ranges_selection(runs, num_rows)),
+        }
+    }
+
+    /// The row numbers, for formats without a selection of their own; `None` for every
+    /// row.
+    fn listed(self) -> Option<Vec<u64>> {
+        match self {
+            Self::All => None,
+            Self::Rows(rows, _) => Some(rows.to_vec()),
+            Self::Runs(runs) => Some(runs.iter().flat_map(Range::clone).collect()),
+        }
+    }
+}
+
 /// A Parquet row selection of the ascending row numbers `rows`, in runs.
 fn selection(rows: &[u64], num_rows: u64) -> RowSelection {
-    let mut selectors = Vec::new();
-    let mut next = 0u64;
-    let mut i = 0;
-    while i < rows.len() {
-        let start = rows[i];
-        let mut end = start + 1;
-        i += 1;
-        while i < rows.len() && rows[i] == end {
-            end += 1;
-            i += 1;
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    for &row in rows {
+        match runs.last_mut() {
+            Some(run) if run.end == row => run.end += 1,
+            _ => runs.push(row..row + 1),
         }
-        if start > next {
-            selectors.push(RowSelector::skip((start - next) as usize));
-        }
-        selectors.push(RowSelector::select((end - start) as usize));
-        next = end;
     }
-    if num_rows > next {
-        selectors.push(RowSelector::skip((num_rows - next) as usize));
-    }
-    RowSelection::from(selectors)
+    ranges_selection(&runs, num_rows)
 }
 
 /// The Parquet selection of the rows in `ranges` (ascending and disjoint) of a file of
 /// `num_rows` rows.
-fn ranges_selection(ranges: &[std::ops::Range<u64>], num_rows: u64) -> RowSelection {
+fn ranges_selection(ranges: &[Range<u64>], num_rows: u64) -> RowSelection {
     let mut selectors = Vec::with_capacity(ranges.len() * 2 + 1);
     let mut next = 0u64;
     for range in ranges {
@@ -998,7 +998,7 @@ mod tests {
     #[test]
     fn selection_of_ranges_is_that_of_their_rows() {
         let ranges = [0..3, 5..6, 9..10];
-        let rows: Vec<u64> = ranges.iter().flat_map(std::ops::Range::clone).collect();
+        let rows: Vec<u64> = ranges.iter().flat_map(Range::clone).collect();
         for num_rows in [10, 12] {
             let of_ranges = Vec::<RowSelector>::from(ranges_selection(&ranges, num_rows));
             let of_rows = Vec::<RowSelector>::from(selection(&rows, num_rows));
