@@ -80,6 +80,16 @@ impl Block {
         }
     }
 
+    /// A buffer with no storage, left in the last one's place at the finish, after
+    /// which nothing is written.
+    fn unallocated() -> Self {
+        Self {
+            storage: Vec::new(),
+            start: 0,
+            len: 0,
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]
     }
@@ -128,7 +138,12 @@ impl OutputFile {
     /// # Errors
     /// A write fails.
     pub(crate) fn finish(mut self) -> io::Result<File> {
-        let tail = self.hand_over_whole_blocks()?;
+        let ready = self.whole_blocks();
+        let tail = self.current.bytes()[ready..].to_vec();
+        if ready > 0 {
+            // Nothing follows the tail, so no buffer goes on in its place.
+            self.queue_current(ready, Block::unallocated())?;
+        }
         drop(self.to_write.take());
         let (mut file, direct) = self.join()?;
         if !tail.is_empty() {
@@ -140,23 +155,33 @@ impl OutputFile {
         Ok(file)
     }
 
-    /// Queues the whole blocks buffered for the I/O thread and goes on in an empty buffer;
-    /// returns the bytes after the last whole block, which stay at its start.
-    fn hand_over_whole_blocks(&mut self) -> io::Result<Vec<u8>> {
-        let ready = if self.direct {
+    /// How many of the buffered bytes can be written now: under `O_DIRECT` the whole
+    /// blocks among them, else all of them.
+    fn whole_blocks(&self) -> usize {
+        if self.direct {
             self.current.len / ALIGNMENT * ALIGNMENT
         } else {
             self.current.len
-        };
-        let tail = self.current.bytes()[ready..].to_vec();
-        if ready > 0 {
-            let mut next = self.empty_buffer()?;
-            next.fill(&tail);
-            let mut full = std::mem::replace(&mut self.current, next);
-            full.len = ready;
-            self.queue(full)?;
         }
-        Ok(tail)
+    }
+
+    /// Queues the whole blocks buffered for the I/O thread and goes on in an empty
+    /// buffer, which starts with the bytes after them.
+    fn queue_whole_blocks(&mut self) -> io::Result<()> {
+        let ready = self.whole_blocks();
+        if ready == 0 {
+            return Ok(());
+        }
+        let mut next = self.empty_buffer()?;
+        next.fill(&self.current.bytes()[ready..]);
+        self.queue_current(ready, next)
+    }
+
+    /// Queues the first `ready` bytes of the current buffer and goes on in `next`.
+    fn queue_current(&mut self, ready: usize, next: Block) -> io::Result<()> {
+        let mut full = std::mem::replace(&mut self.current, next);
+        full.len = ready;
+        self.queue(full)
     }
 
     /// A buffer to fill: one the I/O thread has written, or a new one while fewer than
@@ -247,7 +272,7 @@ fn write_queued(
 impl Write for OutputFile {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
         if self.current.room() == 0 {
-            self.hand_over_whole_blocks()?;
+            self.queue_whole_blocks()?;
         }
         Ok(self.current.fill(bytes))
     }
@@ -255,7 +280,7 @@ impl Write for OutputFile {
     /// Queues the whole blocks buffered: under `O_DIRECT` a shorter tail can only be
     /// written at [`OutputFile::finish`], as the file's last bytes.
     fn flush(&mut self) -> io::Result<()> {
-        self.hand_over_whole_blocks().map(drop)
+        self.queue_whole_blocks()
     }
 }
 
