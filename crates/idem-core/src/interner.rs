@@ -26,6 +26,7 @@ use hashbrown::hash_table::Entry;
 
 use crate::key::{KeyColumns, KeyRows, hash_bytes, mix};
 use crate::prefetch::{TableLayout, prefetch_index};
+use crate::widening::WideningVec;
 
 /// Maps keys to dense slot numbers `0..len()`, in order of first appearance.
 #[derive(Debug)]
@@ -252,52 +253,48 @@ fn probe_ahead<K: StoredKeys>(
 const NO_CANDIDATE: u32 = u32::MAX;
 
 /// Largest size of an arena block (the first blocks are smaller, so that a small table
-/// stays small). Keys never straddle blocks; a key of a block or more gets a block of its
+/// stays small). Keys never straddle blocks; a key longer than a block gets a block of its
 /// own.
 const BLOCK_BITS: u32 = 20;
 const BLOCK: usize = 1 << BLOCK_BITS;
 const FIRST_BLOCK: usize = 4096;
-/// Bits of a key's length in its location; the largest value means "the whole block".
-const LENGTH_BITS: u32 = 20;
-const WHOLE_BLOCK: usize = (1 << LENGTH_BITS) - 1;
 
 /// Distinct keys' bytes, packed into blocks that are allocated once at their full size:
 /// the arena grows by at most one block at a time, never by copying itself.
+///
+/// Keys are stored one after another in slot order, so a key ends where the next slot's
+/// begins, or at the end of its block when the next slot's is in another: a slot's
+/// location needs no length, and fits 32 bits while there are fewer than 4,096 blocks.
 #[derive(Debug, Default)]
 struct KeyArena {
     blocks: Vec<Vec<u8>>,
     /// Bytes allocated by the blocks.
     allocated: usize,
-    /// Per slot: block index, offset in the block and length, packed into 64 bits.
-    locations: Vec<u64>,
+    /// Per slot: where its key starts, the block index above [`BLOCK_BITS`] bits of
+    /// offset in the block.
+    locations: WideningVec,
 }
 
 impl KeyArena {
     /// Stores a key as the next slot's.
     fn push(&mut self, key: &[u8]) {
-        let location = if key.len() >= WHOLE_BLOCK {
-            self.add_block(key.len());
-            let index = self.blocks.len() - 1;
-            self.blocks[index].extend_from_slice(key);
-            // Full, so the next key starts a fresh block.
-            self.locate(index, 0, WHOLE_BLOCK)
-        } else {
-            let fits = self
-                .blocks
-                .last()
-                .is_some_and(|b| b.len() < BLOCK && b.capacity() - b.len() >= key.len());
-            if !fits {
-                // Doubling the arena's size up to a full block: few blocks for a small
-                // table, little unused room at any size.
-                self.add_block(self.allocated.clamp(FIRST_BLOCK, BLOCK).max(key.len()));
-            }
-            let index = self.blocks.len() - 1;
-            let block = &mut self.blocks[index];
-            let offset = block.len();
-            block.extend_from_slice(key);
-            self.locate(index, offset, key.len())
-        };
-        self.locations.push(location);
+        let fits = self
+            .blocks
+            .last()
+            .is_some_and(|b| b.len() < BLOCK && b.capacity() - b.len() >= key.len());
+        if !fits {
+            // Doubling the arena's size up to a full block: few blocks for a small table,
+            // little unused room at any size. A key longer than a block fills its own, so
+            // the next key starts a fresh one.
+            self.add_block(self.allocated.clamp(FIRST_BLOCK, BLOCK).max(key.len()));
+        }
+        let index = self.blocks.len() - 1;
+        let block = &mut self.blocks[index];
+        // Below BLOCK: a key is only added to a block holding fewer bytes.
+        let offset = block.len();
+        block.extend_from_slice(key);
+        self.locations
+            .push(((index as u64) << BLOCK_BITS) | offset as u64);
     }
 
     fn add_block(&mut self, capacity: usize) {
@@ -305,21 +302,20 @@ impl KeyArena {
         self.allocated += capacity;
     }
 
-    fn locate(&self, block: usize, offset: usize, len: usize) -> u64 {
-        ((block as u64) << (BLOCK_BITS + LENGTH_BITS))
-            | ((offset as u64) << LENGTH_BITS)
-            | len as u64
-    }
-
     #[inline]
     fn get(&self, slot: u32) -> &[u8] {
-        let location = self.locations[slot as usize];
-        let block = &self.blocks[(location >> (BLOCK_BITS + LENGTH_BITS)) as usize];
-        let offset = ((location >> LENGTH_BITS) as usize) & (BLOCK - 1);
-        match (location as usize) & WHOLE_BLOCK {
-            WHOLE_BLOCK => block,
-            len => &block[offset..offset + len],
-        }
+        let slot = slot as usize;
+        let Some(location) = self.locations.get(slot) else {
+            return &[];
+        };
+        let index = location >> BLOCK_BITS;
+        let block = &self.blocks[index as usize];
+        let start = (location as usize) & (BLOCK - 1);
+        let end = match self.locations.get(slot + 1) {
+            Some(next) if next >> BLOCK_BITS == index => (next as usize) & (BLOCK - 1),
+            _ => block.len(),
+        };
+        &block[start..end]
     }
 
     fn len(&self) -> usize {
@@ -327,15 +323,13 @@ impl KeyArena {
     }
 
     fn size(&self) -> usize {
-        self.allocated
-            + self.blocks.capacity() * size_of::<Vec<u8>>()
-            + self.locations.capacity() * size_of::<u64>()
+        self.allocated + self.blocks.capacity() * size_of::<Vec<u8>>() + self.locations.size()
     }
 }
 
 impl StoredKeys for KeyArena {
     fn prefetch_record(&self, slot: u32) {
-        prefetch_index(&self.locations, slot as usize);
+        self.locations.prefetch(slot as usize);
     }
 
     fn prefetch_bytes(&self, slot: u32) {
@@ -560,7 +554,7 @@ mod tests {
         let mut arena = KeyArena::default();
         let small = vec![7u8; 1000];
         let huge = vec![9u8; BLOCK + 5];
-        let edge = vec![3u8; WHOLE_BLOCK];
+        let edge = vec![3u8; BLOCK - 1];
         for _ in 0..2000 {
             arena.push(&small);
         }
@@ -583,6 +577,20 @@ mod tests {
         let mut tiny = KeyArena::default();
         tiny.push(b"k");
         assert_eq!(tiny.allocated, FIRST_BLOCK);
+    }
+
+    #[test]
+    fn keys_of_every_length_come_back_whole_across_blocks() {
+        let mut arena = KeyArena::default();
+        let key = |i: usize| -> Vec<u8> { vec![(i % 251) as u8; 1 + (i * 7919) % 3000] };
+        let n = 3000;
+        for i in 0..n {
+            arena.push(&key(i));
+        }
+        assert!(arena.blocks.len() > 3, "the keys span several blocks");
+        for i in 0..n {
+            assert_eq!(arena.get(i as u32), key(i).as_slice(), "slot {i}");
+        }
     }
 
     #[test]

@@ -43,6 +43,7 @@ mod stats;
 mod table;
 mod ties;
 pub mod version;
+mod widening;
 
 pub use memory::dedup_batches;
 pub use options::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};

@@ -1,8 +1,9 @@
 //! The keep-max table: one pass over key and version columns decides every key's winner.
 //!
 //! Per distinct key (a dense *slot* from the [`KeyInterner`]) the table keeps only what
-//! deciding needs — never the rows themselves, and 18 bytes beside the key for a 64-bit
-//! version:
+//! deciding needs — never the rows themselves, and 14 bytes beside the key for a 64-bit
+//! version (positions take 4 bytes while the input has fewer than 4 G rows, see
+//! [`WideningVec`]):
 //!
 //! ```text
 //!   slot │ winner position │ version bytes │ flags
@@ -30,6 +31,7 @@ use crate::options::{DedupSpec, TiePolicy};
 use crate::prefetch::prefetch_index;
 use crate::stats::DedupStats;
 use crate::version::VersionLayout;
+use crate::widening::WideningVec;
 
 /// A row that ties at its key's final maximum version, to be compared by content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +66,8 @@ pub struct KeepMaxTable {
     /// Encodes batches for this table (its key and version layouts, and interner kind).
     preparer: RowPreparer,
     interner: KeyInterner,
-    winner: Vec<u64>,
+    /// Per slot, its winner's input position.
+    winner: WideningVec,
     version: Vec<u8>,
     flags: Vec<u8>,
     tie_events: Vec<TieEvent>,
@@ -138,7 +141,7 @@ impl KeepMaxTable {
             spec: spec.clone(),
             preparer,
             interner,
-            winner: Vec::new(),
+            winner: WideningVec::default(),
             version: Vec::new(),
             flags: Vec::new(),
             tie_events: Vec::new(),
@@ -172,7 +175,7 @@ impl KeepMaxTable {
     /// Bytes allocated by the table, for memory accounting.
     pub fn size(&self) -> usize {
         self.interner.size()
-            + self.winner.capacity() * 8
+            + self.winner.size()
             + self.version.capacity()
             + self.flags.capacity()
             + self.tie_events.capacity() * size_of::<TieEvent>()
@@ -254,7 +257,7 @@ impl KeepMaxTable {
             // requested a few rows ahead, their misses overlap (see `prefetch`).
             if let Some(&ahead) = scratch.slots.get(row + SLOT_LOOKAHEAD) {
                 let ahead = ahead as usize;
-                prefetch_index(&self.winner, ahead);
+                self.winner.prefetch(ahead);
                 prefetch_index(&self.version, ahead * width);
                 prefetch_index(&self.flags, ahead);
             }
@@ -281,14 +284,14 @@ impl KeepMaxTable {
                         });
                     }
                     self.flags[s] = tombstone;
-                    self.winner[s] = position;
+                    self.winner.set(s, position);
                 }
                 std::cmp::Ordering::Equal => {
                     if self.flags[s] & TIED == 0 {
                         // The row that set this version joins the tie group too.
                         self.tie_events.push(TieEvent {
                             slot,
-                            position: self.winner[s],
+                            position: self.winner.at(s),
                         });
                         self.flags[s] |= TIED;
                     }
@@ -296,12 +299,12 @@ impl KeepMaxTable {
                     // By position, not arrival: rows of several partitions may arrive
                     // interleaved, and the first (last) in input order must still win.
                     let replaces = if last_wins {
-                        position > self.winner[s]
+                        position > self.winner.at(s)
                     } else {
-                        position < self.winner[s]
+                        position < self.winner.at(s)
                     };
                     if replaces {
-                        self.winner[s] = position;
+                        self.winner.set(s, position);
                         self.flags[s] = TIED | tombstone;
                     }
                 }
@@ -313,7 +316,8 @@ impl KeepMaxTable {
 
     /// Decides the winners: the positions to emit, the tie rows to compare, and the counts.
     pub fn finish(self) -> Resolution {
-        let (mut keep, resolution) = self.resolve();
+        let (keep, resolution) = self.resolve();
+        let mut keep = keep.into_wide();
         sort_distinct_positions(&mut keep);
         resolution.with_keep(keep)
     }
@@ -324,14 +328,12 @@ impl KeepMaxTable {
     /// nothing else to overlap.
     pub fn finish_marking(self, keep: &mut PositionBits) -> Resolution<()> {
         let (winners, resolution) = self.resolve();
-        for position in winners {
-            keep.insert(position);
-        }
+        winners.for_each(|position| keep.insert(position));
         resolution
     }
 
     /// The positions to emit, in slot order, and the rest of the outcome.
-    fn resolve(self) -> (Vec<u64>, Resolution<()>) {
+    fn resolve(self) -> (WideningVec, Resolution<()>) {
         let keep_tombstones = self
             .spec
             .options
@@ -388,19 +390,18 @@ impl KeepMaxTable {
         let duplicates = (current.len() - groups as usize) as u64;
 
         // The winners' vector becomes the list of positions to keep, in place.
-        let (mut kept, mut deleted, mut tombstones_kept) = (0, 0, 0);
-        for slot in 0..winner.len() {
-            if flags[slot] & TOMBSTONE != 0 {
-                if !keep_tombstones {
-                    deleted += 1;
-                    continue;
-                }
-                tombstones_kept += 1;
+        let (mut deleted, mut tombstones_kept) = (0, 0);
+        winner.retain_indices(|slot| {
+            if flags[slot] & TOMBSTONE == 0 {
+                return true;
             }
-            winner[kept] = winner[slot];
-            kept += 1;
-        }
-        winner.truncate(kept);
+            if keep_tombstones {
+                tombstones_kept += 1;
+            } else {
+                deleted += 1;
+            }
+            keep_tombstones
+        });
         let resolution = Resolution {
             keep: (),
             tie_rows,
