@@ -19,7 +19,7 @@
 //!
 //! Speed is the other limit: a table of millions of keys misses the cache on every probe.
 //! A batch's hashes are computed first, and while row `r` is interned the memory of later
-//! rows is requested in stages (see [`probe_ahead`]), so that their misses overlap.
+//! rows is requested in stages (see `probe_ahead`), so that their misses overlap.
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
