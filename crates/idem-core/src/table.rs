@@ -52,6 +52,96 @@ struct TieEvent {
 
 /// A tie event's position meaning "a higher version voided this slot's ties so far".
 const RESET: u64 = u64::MAX;
+
+/// The ties and resets of a table, in the order they happened. An event is 8 bytes (slot
+/// and position, [`NARROW_RESET`] for a reset) while positions fit 32 bits, and a
+/// [`TieEvent`] (16 bytes) from the first that does not: exact duplicates make an event
+/// each, millions of them in a large input.
+#[derive(Debug)]
+enum TieLog {
+    Narrow(Vec<[u32; 2]>),
+    Wide(Vec<TieEvent>),
+}
+
+/// A narrow event's position meaning a reset; a tied row at this position widens the log.
+const NARROW_RESET: u32 = u32::MAX;
+
+impl Default for TieLog {
+    fn default() -> Self {
+        Self::Narrow(Vec::new())
+    }
+}
+
+impl TieLog {
+    /// Logs a tie of `slot`'s row at `position`, or a reset of `slot` for `None`.
+    fn push(&mut self, slot: u32, position: Option<u64>) {
+        match self {
+            Self::Narrow(events) => {
+                let narrow = match position {
+                    None => Some(NARROW_RESET),
+                    Some(position) => u32::try_from(position).ok().filter(|&p| p != NARROW_RESET),
+                };
+                match narrow {
+                    Some(narrow) => events.push([slot, narrow]),
+                    None => {
+                        self.widen();
+                        self.push(slot, position);
+                    }
+                }
+            }
+            Self::Wide(events) => events.push(TieEvent {
+                slot,
+                position: position.unwrap_or(RESET),
+            }),
+        }
+    }
+
+    fn widen(&mut self) {
+        if let Self::Narrow(events) = self {
+            let mut wide = Vec::with_capacity(events.capacity().max(events.len() + 1));
+            wide.extend(events.iter().map(|&[slot, position]| TieEvent {
+                slot,
+                position: if position == NARROW_RESET {
+                    RESET
+                } else {
+                    u64::from(position)
+                },
+            }));
+            *self = Self::Wide(wide);
+        }
+    }
+
+    /// Bytes allocated.
+    fn size(&self) -> usize {
+        match self {
+            Self::Narrow(events) => events.capacity() * size_of::<[u32; 2]>(),
+            Self::Wide(events) => events.capacity() * size_of::<TieEvent>(),
+        }
+    }
+
+    /// The events from the last to the first, as a slot and the tied row's position, or
+    /// `None` for a reset.
+    fn for_each_rev(&self, mut f: impl FnMut(u32, Option<u64>)) {
+        match self {
+            Self::Narrow(events) => {
+                for &[slot, position] in events.iter().rev() {
+                    f(
+                        slot,
+                        (position != NARROW_RESET).then_some(u64::from(position)),
+                    );
+                }
+            }
+            Self::Wide(events) => {
+                for event in events.iter().rev() {
+                    f(
+                        event.slot,
+                        (event.position != RESET).then_some(event.position),
+                    );
+                }
+            }
+        }
+    }
+}
 /// How many rows ahead a slot's state is requested while a batch is consumed.
 const SLOT_LOOKAHEAD: usize = 16;
 /// Slot flag: the winner is a delete.
@@ -70,7 +160,7 @@ pub struct KeepMaxTable {
     winner: WideningVec,
     version: Vec<u8>,
     flags: Vec<u8>,
-    tie_events: Vec<TieEvent>,
+    tie_events: TieLog,
     rows_in: u64,
     null_keys: u64,
     scratch: Scratch,
@@ -144,7 +234,7 @@ impl KeepMaxTable {
             winner: WideningVec::default(),
             version: Vec::new(),
             flags: Vec::new(),
-            tie_events: Vec::new(),
+            tie_events: TieLog::default(),
             rows_in: 0,
             null_keys: 0,
             scratch: Scratch::default(),
@@ -178,7 +268,7 @@ impl KeepMaxTable {
             + self.winner.size()
             + self.version.capacity()
             + self.flags.capacity()
-            + self.tie_events.capacity() * size_of::<TieEvent>()
+            + self.tie_events.size()
     }
 
     /// Consumes one batch holding (at least) the key, version and op columns. Its rows
@@ -278,10 +368,7 @@ impl KeepMaxTable {
                 std::cmp::Ordering::Greater => {
                     current.copy_from_slice(incoming);
                     if self.flags[s] & TIED != 0 {
-                        self.tie_events.push(TieEvent {
-                            slot,
-                            position: RESET,
-                        });
+                        self.tie_events.push(slot, None);
                     }
                     self.flags[s] = tombstone;
                     self.winner.set(s, position);
@@ -289,13 +376,10 @@ impl KeepMaxTable {
                 std::cmp::Ordering::Equal => {
                     if self.flags[s] & TIED == 0 {
                         // The row that set this version joins the tie group too.
-                        self.tie_events.push(TieEvent {
-                            slot,
-                            position: self.winner.at(s),
-                        });
+                        self.tie_events.push(slot, Some(self.winner.at(s)));
                         self.flags[s] |= TIED;
                     }
-                    self.tie_events.push(TieEvent { slot, position });
+                    self.tie_events.push(slot, Some(position));
                     // By position, not arrival: rows of several partitions may arrive
                     // interleaved, and the first (last) in input order must still win.
                     let replaces = if last_wins {
@@ -356,17 +440,21 @@ impl KeepMaxTable {
         // Walking the log backwards, a reset voids every earlier event of its slot.
         let mut voided = Vec::new();
         let mut current: Vec<TieEvent> = Vec::new();
-        for event in tie_events.iter().rev() {
-            let slot = event.slot as usize;
-            if event.position == RESET {
-                if voided.is_empty() {
-                    voided = vec![false; winner.len()];
+        tie_events.for_each_rev(|slot, position| {
+            let index = slot as usize;
+            match position {
+                None => {
+                    if voided.is_empty() {
+                        voided = vec![false; winner.len()];
+                    }
+                    voided[index] = true;
                 }
-                voided[slot] = true;
-            } else if !voided.get(slot).copied().unwrap_or(false) {
-                current.push(*event);
+                Some(position) if !voided.get(index).copied().unwrap_or(false) => {
+                    current.push(TieEvent { slot, position });
+                }
+                Some(_) => {}
             }
-        }
+        });
         drop(tie_events);
         current.reverse();
         let mut group_of_slot = vec![u32::MAX; if current.is_empty() { 0 } else { winner.len() }];
@@ -701,7 +789,7 @@ impl PreparedRows {
 
 #[cfg(test)]
 mod tests {
-    use super::{PositionBits, sort_distinct_positions};
+    use super::{PositionBits, TieLog, sort_distinct_positions};
 
     /// Distinct positions drawn from `0..range` at a density of `keep` in 1,000, shuffled.
     fn shuffled(range: u64, keep: u64, offset: u64, seed: u64) -> Vec<u64> {
@@ -720,6 +808,32 @@ mod tests {
             positions.swap(i, (next() % (i as u64 + 1)) as usize);
         }
         positions
+    }
+
+    #[test]
+    fn the_tie_log_widens_for_a_position_it_cannot_hold_and_keeps_its_events() {
+        let mut log = TieLog::default();
+        log.push(1, Some(10));
+        log.push(1, None);
+        log.push(2, Some(u64::from(u32::MAX) - 1));
+        assert!(matches!(log, TieLog::Narrow(_)));
+        // u32::MAX itself marks a reset in the narrow log, so a row there widens it too.
+        log.push(3, Some(u64::from(u32::MAX)));
+        assert!(matches!(log, TieLog::Wide(_)));
+        log.push(4, None);
+        let mut back = Vec::new();
+        log.for_each_rev(|slot, position| back.push((slot, position)));
+        back.reverse();
+        assert_eq!(
+            back,
+            [
+                (1, Some(10)),
+                (1, None),
+                (2, Some(u64::from(u32::MAX) - 1)),
+                (3, Some(u64::from(u32::MAX))),
+                (4, None)
+            ]
+        );
     }
 
     #[test]
