@@ -42,106 +42,46 @@ pub struct TieRow {
     pub group: u32,
 }
 
-/// A tie, or a reset, in the order they happened.
+/// A tie that still stands at the end of the input: its slot and its row's position.
 #[derive(Debug, Clone, Copy)]
 struct TieEvent {
     slot: u32,
-    /// The tied row's position, or [`RESET`].
     position: u64,
 }
 
-/// A tie event's position meaning "a higher version voided this slot's ties so far".
-const RESET: u64 = u64::MAX;
-
-/// The ties and resets of a table, in the order they happened. An event is 8 bytes (slot
-/// and position, [`NARROW_RESET`] for a reset) while positions fit 32 bits, and a
-/// [`TieEvent`] (16 bytes) from the first that does not: exact duplicates make an event
-/// each, millions of them in a large input.
-#[derive(Debug)]
-enum TieLog {
-    Narrow(Vec<[u32; 2]>),
-    Wide(Vec<TieEvent>),
-}
-
-/// A narrow event's position meaning a reset; a tied row at this position widens the log.
-const NARROW_RESET: u32 = u32::MAX;
-
-impl Default for TieLog {
-    fn default() -> Self {
-        Self::Narrow(Vec::new())
-    }
+/// The ties and resets of a table, in the order they happened. Exact duplicates make an
+/// event each, millions of them in a large input, so an event is a slot and a position
+/// plus one kept in a [`WideningVec`] (8 bytes while positions fit 32 bits, 12 after),
+/// where 0 marks a reset: a higher version voided the slot's ties so far.
+#[derive(Debug, Default)]
+struct TieLog {
+    slots: Vec<u32>,
+    positions_plus_one: WideningVec,
 }
 
 impl TieLog {
     /// Logs a tie of `slot`'s row at `position`, or a reset of `slot` for `None`.
     fn push(&mut self, slot: u32, position: Option<u64>) {
-        match self {
-            Self::Narrow(events) => {
-                let narrow = match position {
-                    None => Some(NARROW_RESET),
-                    Some(position) => u32::try_from(position).ok().filter(|&p| p != NARROW_RESET),
-                };
-                match narrow {
-                    Some(narrow) => events.push([slot, narrow]),
-                    None => {
-                        self.widen();
-                        self.push(slot, position);
-                    }
-                }
-            }
-            Self::Wide(events) => events.push(TieEvent {
-                slot,
-                position: position.unwrap_or(RESET),
-            }),
-        }
-    }
-
-    fn widen(&mut self) {
-        if let Self::Narrow(events) = self {
-            let mut wide = Vec::with_capacity(events.capacity().max(events.len() + 1));
-            wide.extend(events.iter().map(|&[slot, position]| TieEvent {
-                slot,
-                position: if position == NARROW_RESET {
-                    RESET
-                } else {
-                    u64::from(position)
-                },
-            }));
-            *self = Self::Wide(wide);
-        }
+        self.slots.push(slot);
+        self.positions_plus_one
+            .push(position.map_or(0, |position| position + 1));
     }
 
     /// Bytes allocated.
     fn size(&self) -> usize {
-        match self {
-            Self::Narrow(events) => events.capacity() * size_of::<[u32; 2]>(),
-            Self::Wide(events) => events.capacity() * size_of::<TieEvent>(),
-        }
+        self.slots.capacity() * size_of::<u32>() + self.positions_plus_one.size()
     }
 
     /// The events from the last to the first, as a slot and the tied row's position, or
     /// `None` for a reset.
     fn for_each_rev(&self, mut f: impl FnMut(u32, Option<u64>)) {
-        match self {
-            Self::Narrow(events) => {
-                for &[slot, position] in events.iter().rev() {
-                    f(
-                        slot,
-                        (position != NARROW_RESET).then_some(u64::from(position)),
-                    );
-                }
-            }
-            Self::Wide(events) => {
-                for event in events.iter().rev() {
-                    f(
-                        event.slot,
-                        (event.position != RESET).then_some(event.position),
-                    );
-                }
-            }
+        for (index, &slot) in self.slots.iter().enumerate().rev() {
+            let stored = self.positions_plus_one.at(index);
+            f(slot, stored.checked_sub(1));
         }
     }
 }
+
 /// How many rows ahead a slot's state is requested while a batch is consumed.
 const SLOT_LOOKAHEAD: usize = 16;
 /// Slot flag: the winner is a delete.
@@ -789,7 +729,7 @@ impl PreparedRows {
 
 #[cfg(test)]
 mod tests {
-    use super::{PositionBits, TieLog, sort_distinct_positions};
+    use super::{PositionBits, TieLog, WideningVec, sort_distinct_positions};
 
     /// Distinct positions drawn from `0..range` at a density of `keep` in 1,000, shuffled.
     fn shuffled(range: u64, keep: u64, offset: u64, seed: u64) -> Vec<u64> {
@@ -816,10 +756,10 @@ mod tests {
         log.push(1, Some(10));
         log.push(1, None);
         log.push(2, Some(u64::from(u32::MAX) - 1));
-        assert!(matches!(log, TieLog::Narrow(_)));
-        // u32::MAX itself marks a reset in the narrow log, so a row there widens it too.
+        assert!(matches!(log.positions_plus_one, WideningVec::Narrow(_)));
+        // Positions are kept plus one (0 is a reset), so a row at u32::MAX widens the log.
         log.push(3, Some(u64::from(u32::MAX)));
-        assert!(matches!(log, TieLog::Wide(_)));
+        assert!(matches!(log.positions_plus_one, WideningVec::Wide(_)));
         log.push(4, None);
         let mut back = Vec::new();
         log.for_each_rev(|slot, position| back.push((slot, position)));
