@@ -179,6 +179,16 @@ def output_bytes(path):
                for root, _, names in os.walk(path) for name in names)
 
 
+def paired(runs, base_runs):
+    """The median over rounds of this engine's wall time over the base engine's in the same
+    round. The machine's speed drifts over minutes; a round's two runs are seconds apart,
+    so their ratio drifts less than the ratio of the two medians (the `x` column), which
+    can pair a slow stretch of one engine with a fast stretch of the other."""
+    if len(runs) != len(base_runs) or not runs:
+        return float("nan")
+    return statistics.median(w / b for (w, _, _), (b, _, _) in zip(runs, base_runs))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("idem")
@@ -239,10 +249,12 @@ def main():
     floors = [statistics.median(w for w, _, _ in results[e])
               for e in ("floor-idem", "floor-duckdb") if results.get(e)]
     floor = min(floors) if floors else None
-    base = statistics.median(w for w, _, _ in results[engines[0]])
+    base_runs = results[engines[0]]
+    base = statistics.median(w for w, _, _ in base_runs)
     print(f"{args.inputs}, {args.rounds} rounds")
     print(f"{'engine':19} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
-          f"{'output MB':>10} {'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8}")
+          f"{'output MB':>10} {'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8} "
+          f"{'x paired':>8}")
     for engine, runs in results.items():
         if not runs:
             wall, rss, failure = failed[engine]
@@ -256,7 +268,7 @@ def main():
         print(f"{engine:19} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
               f"{statistics.median(c for _, c, _ in runs):>7.1f} {max(r for _, _, r in runs):>13.0f} "
               f"{sizes[engine] / 1e6:>10.1f} {count if count is not None else '?':>11} {same:>9} {median / base:>8.2f} "
-              f"{median / floor if floor else float('nan'):>8.2f}")
+              f"{median / floor if floor else float('nan'):>8.2f} {paired(runs, base_runs):>8.2f}")
     if any(rows[e] != reference for e in outputs if not e.startswith("floor")):
         print("ERROR: engines disagree on the rows (count or checksum)")
         sys.exit(1)
