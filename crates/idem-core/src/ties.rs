@@ -7,7 +7,7 @@
 //! (`conflicts`) from a 128-bit hash of each tied row's non-key values
 //! ([`crate::mix_value_hashes`]), and fails at the first one under [`TiePolicy::Error`].
 
-use arrow::array::{BooleanBufferBuilder, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow::error::ArrowError;
 use arrow::row::{RowConverter, SortField};
@@ -15,6 +15,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::options::{DedupSpec, TiePolicy};
 use crate::rowhash::{content_type, mix_value_hashes_at};
+use crate::table::PositionBits;
 
 /// Compares the tie rows of a [`crate::Resolution`] group by group.
 #[derive(Debug)]
@@ -26,8 +27,8 @@ pub struct TieCheck {
     /// events there are millions of groups, first touched in pass 2, where each new page
     /// of this vector is a page fault.
     first_hash: Vec<u128>,
-    seen: BooleanBufferBuilder,
-    conflicted: BooleanBufferBuilder,
+    seen: PositionBits,
+    conflicted: PositionBits,
     conflicts: u64,
 }
 
@@ -55,8 +56,8 @@ impl TieCheck {
             spec: spec.clone(),
             hasher: TieHasher { content },
             first_hash: vec![0; groups as usize],
-            seen: all_unset(groups as usize),
-            conflicted: all_unset(groups as usize),
+            seen: PositionBits::with_capacity(u64::from(groups)),
+            conflicted: PositionBits::with_capacity(u64::from(groups)),
             conflicts: 0,
         })
     }
@@ -109,11 +110,12 @@ impl TieCheck {
                     self.first_hash.len()
                 )));
             };
-            if !self.seen.get_bit(g) {
-                self.seen.set_bit(g, true);
+            let group = u64::from(group);
+            if !self.seen.contains(group) {
+                self.seen.insert(group);
                 *first = hash;
-            } else if *first != hash && !self.conflicted.get_bit(g) {
-                self.conflicted.set_bit(g, true);
+            } else if *first != hash && !self.conflicted.contains(group) {
+                self.conflicted.insert(group);
                 self.conflicts += 1;
                 if self.spec.options.on_tie == TiePolicy::Error {
                     return Err(ArrowError::ComputeError(format!(
@@ -126,13 +128,6 @@ impl TieCheck {
         }
         Ok(())
     }
-}
-
-/// `len` bits, all unset.
-fn all_unset(len: usize) -> BooleanBufferBuilder {
-    let mut bits = BooleanBufferBuilder::new(len);
-    bits.append_n(len, false);
-    bits
 }
 
 /// Hashes tie rows by their non-key values, on whichever thread holds them.
