@@ -56,6 +56,21 @@ impl KeyInterner {
         }
     }
 
+    /// Makes room for `additional` more distinct keys, so that the table and its per-key
+    /// records reach that size without growing (and copying themselves) on the way.
+    pub fn reserve(&mut self, additional: usize) {
+        match self {
+            Self::Rows(table) => {
+                table.table.reserve(additional, |&(_, h)| table_hash(h));
+                table.arena.locations.reserve(additional);
+            }
+            Self::Narrow(table) => {
+                table.table.reserve(additional, |&(_, h)| table_hash(h));
+                table.values.0.reserve(additional);
+            }
+        }
+    }
+
     /// Distinct keys interned so far.
     pub fn len(&self) -> usize {
         match self {

@@ -82,6 +82,10 @@ impl TieLog {
     }
 }
 
+/// Rows seen before [`KeepMaxTable::expect_rows`] makes room for the rest: enough for a
+/// stable share of distinct keys, few enough that little growth happens before.
+const RESERVE_SAMPLE_ROWS: u64 = 1 << 18;
+
 /// How many rows ahead a slot's state is requested while a batch is consumed.
 const SLOT_LOOKAHEAD: usize = 16;
 /// Slot flag: the winner is a delete.
@@ -103,6 +107,9 @@ pub struct KeepMaxTable {
     tie_events: TieLog,
     rows_in: u64,
     null_keys: u64,
+    /// Rows this table is told it will consume in all ([`Self::expect_rows`]), until the
+    /// room for their keys has been made.
+    expected_rows: Option<u64>,
     scratch: Scratch,
 }
 
@@ -177,6 +184,7 @@ impl KeepMaxTable {
             tie_events: TieLog::default(),
             rows_in: 0,
             null_keys: 0,
+            expected_rows: None,
             scratch: Scratch::default(),
         })
     }
@@ -190,6 +198,45 @@ impl KeepMaxTable {
             self.preparer.narrow = false;
         }
         self
+    }
+
+    /// Tells the table how many rows it will consume in all. Once it has seen a sample of
+    /// them, it makes room at once for as many keys as the sample's share of distinct keys
+    /// predicts, instead of doubling its way there: each doubling of a key table of
+    /// millions rehashes every key into new memory, and each of a per-key vector copies it,
+    /// which at 40M rows was over a third of pass 1's page faults (`benches/RESULTS.md`).
+    ///
+    /// The room is allocated memory, counted by [`Self::size`]; a caller that holds the
+    /// table to a memory budget should let it grow as it goes instead.
+    pub fn expect_rows(&mut self, rows: u64) {
+        self.expected_rows = Some(rows);
+    }
+
+    /// Makes the room [`Self::expect_rows`] asks for, once enough rows have been seen to
+    /// estimate how many of them will be new keys.
+    fn reserve_expected_keys(&mut self) {
+        let Some(expected) = self.expected_rows else {
+            return;
+        };
+        if self.rows_in < RESERVE_SAMPLE_ROWS {
+            return;
+        }
+        self.expected_rows = None;
+        let distinct = self.interner.len() as u64;
+        let remaining = expected.saturating_sub(self.rows_in);
+        // The sample's share of new keys, applied to the rows still to come; an input
+        // whose duplicates lie far apart is overestimated, which costs at most the room
+        // of one row each, as a table sized for its rows would.
+        let new_keys = (u128::from(remaining) * u128::from(distinct)
+            / u128::from(self.rows_in.max(1))) as usize;
+        if new_keys == 0 {
+            return;
+        }
+        let width = self.preparer.versions.width();
+        self.interner.reserve(new_keys);
+        self.winner.reserve(new_keys);
+        self.version.reserve(new_keys * width);
+        self.flags.reserve(new_keys);
     }
 
     /// Rows consumed so far; the next row's position under [`Self::update`].
@@ -278,6 +325,7 @@ impl KeepMaxTable {
                 "rows prepared for another key table".to_owned(),
             ));
         }
+        self.reserve_expected_keys();
         let scratch = &mut self.scratch;
         self.interner.intern_encoded(&rows.keys, &mut scratch.slots);
         self.null_keys += rows.null_keys;
@@ -729,7 +777,80 @@ impl PreparedRows {
 
 #[cfg(test)]
 mod tests {
-    use super::{PositionBits, TieLog, WideningVec, sort_distinct_positions};
+    use super::{
+        KeepMaxTable, PositionBits, RESERVE_SAMPLE_ROWS, TieLog, WideningVec,
+        sort_distinct_positions,
+    };
+    use crate::options::DedupSpec;
+    use arrow::array::{Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    /// A table fed `rows` rows of `distinct` keys (each key's rows spread over the whole
+    /// input, versions rising and falling), told the row count in advance or not; with
+    /// the capacity of its winners when the sample was taken.
+    fn fed_table(rows: u64, distinct: u64, text: bool, expect: bool) -> (KeepMaxTable, usize) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "k",
+                if text {
+                    DataType::Utf8
+                } else {
+                    DataType::Int64
+                },
+                false,
+            ),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let mut table = KeepMaxTable::try_new(&schema, &DedupSpec::new(["k"], ["v"]))
+            .expect("a table of an integer or text key");
+        if expect {
+            table.expect_rows(rows);
+        }
+        let mut sampled = 0;
+        for start in (0..rows).step_by(10_000) {
+            let ids: Vec<u64> = (start..(start + 10_000).min(rows))
+                .map(|r| r * 1_000_003 % distinct)
+                .collect();
+            let keys: Arc<dyn arrow::array::Array> = if text {
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("key-{i}")),
+                ))
+            } else {
+                Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| i as i64)))
+            };
+            let versions = Int64Array::from_iter_values(
+                (start..start + ids.len() as u64).map(|r| ((r * 7919) % 1000) as i64),
+            );
+            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![keys, Arc::new(versions)])
+                .expect("columns of the schema");
+            table.update(&batch).expect("a batch of the table's schema");
+            // The room is made as the first batch past the sample begins.
+            if table.rows_in() > RESERVE_SAMPLE_ROWS + 10_000 && sampled == 0 {
+                sampled = table.winner.size();
+            }
+        }
+        (table, sampled)
+    }
+
+    #[test]
+    fn room_made_for_expected_rows_changes_no_outcome_and_stops_growth() {
+        for text in [false, true] {
+            let (rows, distinct) = (1_200_000, 900_000);
+            let (hinted, sampled) = fed_table(rows, distinct, text, true);
+            let (plain, plain_sampled) = fed_table(rows, distinct, text, false);
+            assert_eq!(hinted.distinct_keys(), distinct as usize);
+            // Room for every key was made after the sample: the winners never grew again,
+            // where without the hint they did.
+            assert_eq!(hinted.winner.size(), sampled, "text keys: {text}");
+            assert!(hinted.winner.size() >= distinct as usize * 4);
+            assert!(plain.winner.size() > plain_sampled);
+            let (hinted, plain) = (hinted.finish(), plain.finish());
+            assert_eq!(hinted.keep, plain.keep);
+            assert_eq!(hinted.stats, plain.stats);
+            assert_eq!(hinted.tie_groups, plain.tie_groups);
+        }
+    }
 
     /// Distinct positions drawn from `0..range` at a density of `keep` in 1,000, shuffled.
     fn shuffled(range: u64, keep: u64, offset: u64, seed: u64) -> Vec<u64> {

@@ -36,6 +36,14 @@ impl WideningVec {
         }
     }
 
+    /// Makes room for `additional` more values without moving them again.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        match self {
+            Self::Narrow(narrow) => narrow.reserve(additional),
+            Self::Wide(wide) => wide.reserve(additional),
+        }
+    }
+
     /// The value at `index`, if there is one.
     #[inline]
     pub(crate) fn get(&self, index: usize) -> Option<u64> {

@@ -124,13 +124,21 @@ fn decide_in_memory(
     progress: &dyn Progress,
 ) -> Result<InMemory> {
     let first = first_path(files);
-    let tables = [
+    let mut tables = [
         KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?,
         KeepMaxTable::try_new(schema, spec).map_err(Error::arrow(first))?,
     ];
+    let rows: u64 = files.iter().map(InputFile::num_rows).sum();
+    if budget.is_none() {
+        // Each table takes half the keys (split by hash). Under a budget the tables grow
+        // as they go, so that their size measures the keys seen, not the room made.
+        for table in &mut tables {
+            table.expect_rows(rows.div_ceil(2));
+        }
+    }
     let shared = Workers {
         preparer: tables[0].preparer(),
-        positions: files.iter().map(InputFile::num_rows).sum(),
+        positions: rows,
         pieces: pieces(files),
         next_piece: AtomicUsize::new(0),
         names: column_names(decision_schema),
