@@ -206,6 +206,28 @@ fn short_hash(hash: u64) -> u32 {
     (hash >> 32) as u32
 }
 
+/// Whether two encoded keys are equal. Slice equality calls `bcmp` for each comparison,
+/// a call that costs more than the comparison for keys this short (a packed UUID and a
+/// small integer are 19 bytes); from 8 to 32 bytes two overlapping fixed-size chunks,
+/// which compile to a few loads, cover the whole key.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    match a.len() {
+        16..=32 => {
+            a.first_chunk::<16>() == b.first_chunk::<16>()
+                && a.last_chunk::<16>() == b.last_chunk::<16>()
+        }
+        8..16 => {
+            a.first_chunk::<8>() == b.first_chunk::<8>()
+                && a.last_chunk::<8>() == b.last_chunk::<8>()
+        }
+        _ => a == b,
+    }
+}
+
 /// How many rows ahead of the one being interned the table is requested; a candidate
 /// entry's stored key is requested half as far ahead, the key's bytes a quarter. On
 /// `keep_max_update` with 700,000 distinct keys, 8, 16, 24 and 32 measured the same within
@@ -384,7 +406,7 @@ impl RowInterner {
                 let hash32 = hashes[row];
                 let entry = table.entry(
                     table_hash(hash32),
-                    |&(slot, h)| h == hash32 && arena.get(slot) == key,
+                    |&(slot, h)| h == hash32 && same_key(arena.get(slot), key),
                     |&(_, h)| table_hash(h),
                 );
                 match entry {
@@ -562,6 +584,21 @@ mod tests {
             (1 + 1 + 1) + (1 + 1),
             "a one-letter string and a zero take five bytes"
         );
+    }
+
+    #[test]
+    fn same_key_agrees_with_slice_equality_at_every_length_and_byte() {
+        for len in 0..40usize {
+            let key: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+            assert!(same_key(&key, &key.clone()), "length {len}");
+            for at in 0..len {
+                let mut other = key.clone();
+                other[at] ^= 0x40;
+                assert!(!same_key(&key, &other), "length {len}, byte {at}");
+            }
+            let longer = [key.as_slice(), &[0]].concat();
+            assert!(!same_key(&key, &longer) && !same_key(&longer, &key));
+        }
     }
 
     #[test]

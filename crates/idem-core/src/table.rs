@@ -345,16 +345,16 @@ impl KeepMaxTable {
             let s = slot as usize;
             if s == self.winner.len() {
                 self.winner.push(position);
-                self.version.extend_from_slice(incoming);
+                append_version(&mut self.version, incoming);
                 self.flags.push(tombstone);
                 continue;
             }
             let current = &mut self.version[s * width..(s + 1) * width];
-            match incoming.cmp(current) {
+            match compare_versions(incoming, current) {
                 // Superseded rows are counted at the end: every row not a winner or a tie.
                 std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Greater => {
-                    current.copy_from_slice(incoming);
+                    copy_version(current, incoming);
                     if self.flags[s] & TIED != 0 {
                         self.tie_events.push(slot, None);
                     }
@@ -600,6 +600,52 @@ impl PositionBits {
     }
 }
 
+/// The width of the most common encoded version, one 64-bit column: its presence byte
+/// and 8 bytes. The per-row helpers below handle it with fixed-size loads and stores;
+/// with the width known only at run time, each comparison and copy was a call to `memcmp`
+/// or `memcpy` for nine bytes.
+const ONE_WORD_VERSION: usize = 9;
+
+/// A one-word version as (presence, value), ordered as its bytes are.
+#[inline]
+fn one_word(version: &[u8; ONE_WORD_VERSION]) -> (u8, u64) {
+    let [present, value @ ..] = *version;
+    (present, u64::from_be_bytes(value))
+}
+
+/// Orders two encoded versions of the same width, as their bytes compare.
+#[inline]
+fn compare_versions(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    match (
+        <&[u8; ONE_WORD_VERSION]>::try_from(a),
+        <&[u8; ONE_WORD_VERSION]>::try_from(b),
+    ) {
+        (Ok(a), Ok(b)) => one_word(a).cmp(&one_word(b)),
+        _ => a.cmp(b),
+    }
+}
+
+/// Overwrites `current` with `incoming`, of the same width.
+#[inline]
+fn copy_version(current: &mut [u8], incoming: &[u8]) {
+    match (
+        <&mut [u8; ONE_WORD_VERSION]>::try_from(&mut *current),
+        <&[u8; ONE_WORD_VERSION]>::try_from(incoming),
+    ) {
+        (Ok(current), Ok(incoming)) => *current = *incoming,
+        _ => current.copy_from_slice(incoming),
+    }
+}
+
+/// Appends an encoded version to `versions`.
+#[inline]
+fn append_version(versions: &mut Vec<u8>, version: &[u8]) {
+    match <[u8; ONE_WORD_VERSION]>::try_from(version) {
+        Ok(word) => versions.extend_from_slice(&word),
+        Err(_) => versions.extend_from_slice(version),
+    }
+}
+
 /// Sorts `positions`, which are distinct, ascending.
 ///
 /// The kept positions of a dedup fill a good part of their range, so setting a bit per
@@ -763,8 +809,10 @@ impl PreparedRows {
         for row in 0..self.len() {
             let part = &mut out[self.keys.route(row, parts) as usize];
             part.keys.push_row_of(&self.keys, row);
-            part.versions
-                .extend_from_slice(&self.versions[row * width..(row + 1) * width]);
+            append_version(
+                &mut part.versions,
+                &self.versions[row * width..(row + 1) * width],
+            );
             part.tombstones.push(self.tombstones[row]);
             part.positions.push(self.positions[row]);
             if self.key_nulls.as_ref().is_some_and(|n| n.is_null(row)) {
@@ -778,10 +826,11 @@ impl PreparedRows {
 #[cfg(test)]
 mod tests {
     use super::{
-        KeepMaxTable, PositionBits, RESERVE_SAMPLE_ROWS, TieLog, WideningVec,
-        sort_distinct_positions,
+        KeepMaxTable, PositionBits, RESERVE_SAMPLE_ROWS, TieLog, WideningVec, append_version,
+        compare_versions, copy_version, sort_distinct_positions,
     };
     use crate::options::DedupSpec;
+    use crate::rng::SplitMix64;
     use arrow::array::{Int64Array, RecordBatch, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
@@ -977,6 +1026,24 @@ mod tests {
             );
             let straddling = bits.range_bits(end - 70, end + 130);
             assert_eq!(straddling.len(), 200);
+        }
+    }
+    #[test]
+    fn version_helpers_order_and_copy_as_the_bytes_do() {
+        let mut rng = SplitMix64::new(9);
+        for width in [1, 8, 9, 10, 17, 18] {
+            for _ in 0..2000 {
+                // Few distinct bytes, so that equal prefixes and equal versions are common.
+                let mut draw = || (0..width).map(|_| rng.below(3) as u8).collect::<Vec<u8>>();
+                let (a, b) = (draw(), draw());
+                assert_eq!(compare_versions(&a, &b), a.cmp(&b), "{a:?} {b:?}");
+                let mut current = a.clone();
+                copy_version(&mut current, &b);
+                assert_eq!(current, b);
+                let mut appended = vec![7u8];
+                append_version(&mut appended, &a);
+                assert_eq!(appended, [&[7u8][..], &a].concat());
+            }
         }
     }
 }
