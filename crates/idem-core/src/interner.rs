@@ -184,7 +184,7 @@ impl EncodedKeys {
     #[inline]
     pub(crate) fn push_row_of(&mut self, other: &Self, row: usize) {
         match (&mut self.form, &other.form) {
-            (KeyForm::Rows(mine), KeyForm::Rows(theirs)) => mine.push(theirs.row(row)),
+            (KeyForm::Rows(mine), KeyForm::Rows(theirs)) => mine.push_row_of(theirs, row),
             (KeyForm::Narrow(mine), KeyForm::Narrow(theirs)) => mine.push(theirs[row]),
             _ => return,
         }
