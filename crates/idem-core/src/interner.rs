@@ -24,7 +24,7 @@
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use crate::key::{KeyColumns, KeyRows, hash_bytes, mix};
+use crate::key::{KeyColumns, KeyRows, SHORT_KEY, append_key, hash_bytes, mix};
 use crate::prefetch::{TableLayout, prefetch_index};
 use crate::widening::WideningVec;
 
@@ -313,8 +313,10 @@ struct KeyArena {
 }
 
 impl KeyArena {
-    /// Stores a key as the next slot's.
-    fn push(&mut self, key: &[u8]) {
+    /// Stores a key as the next slot's: the first `len` bytes of `key_and_tail`, a key and
+    /// whatever follows it in its batch (which [`append_key`] may copy and cut off).
+    fn push(&mut self, key_and_tail: &[u8], len: usize) {
+        let key = &key_and_tail[..len];
         let fits = self
             .blocks
             .last()
@@ -329,7 +331,13 @@ impl KeyArena {
         let block = &mut self.blocks[index];
         // Below BLOCK: a key is only added to a block holding fewer bytes.
         let offset = block.len();
-        block.extend_from_slice(key);
+        // Blocks never reallocate: keys' locations point into them. A key is copied as a
+        // fixed-size chunk only where the block has room for the whole chunk.
+        if block.capacity() - offset >= SHORT_KEY {
+            append_key(block, key_and_tail, len);
+        } else {
+            block.extend_from_slice(key);
+        }
         self.locations
             .push(((index as u64) << BLOCK_BITS) | offset as u64);
     }
@@ -402,7 +410,8 @@ impl RowInterner {
             candidates,
             slots,
             |table, arena, row| {
-                let key = rows.row(row);
+                let (key_and_tail, len) = rows.row_and_tail(row);
+                let key = &key_and_tail[..len];
                 let hash32 = hashes[row];
                 let entry = table.entry(
                     table_hash(hash32),
@@ -413,7 +422,7 @@ impl RowInterner {
                     Entry::Occupied(found) => found.get().0,
                     Entry::Vacant(vacant) => {
                         let slot = arena.len() as u32;
-                        arena.push(key);
+                        arena.push(key_and_tail, len);
                         vacant.insert((slot, hash32));
                         slot
                     }
@@ -608,11 +617,11 @@ mod tests {
         let huge = vec![9u8; BLOCK + 5];
         let edge = vec![3u8; BLOCK - 1];
         for _ in 0..2000 {
-            arena.push(&small);
+            arena.push(&small, small.len());
         }
-        arena.push(&huge);
-        arena.push(&edge);
-        arena.push(&small);
+        arena.push(&huge, huge.len());
+        arena.push(&edge, edge.len());
+        arena.push(&small, small.len());
         assert_eq!(arena.len(), 2003);
         assert!((0..2000).all(|slot| arena.get(slot) == small.as_slice()));
         assert_eq!(arena.get(2000), huge.as_slice());
@@ -627,8 +636,32 @@ mod tests {
             arena.allocated
         );
         let mut tiny = KeyArena::default();
-        tiny.push(b"k");
+        tiny.push(b"k", 1);
         assert_eq!(tiny.allocated, FIRST_BLOCK);
+    }
+
+    #[test]
+    fn keys_copied_with_their_tails_stay_whole_and_blocks_never_move() {
+        // Each key is handed over with the rest of a large buffer behind it, so that short
+        // keys take the fixed-size copy; enough of them to fill many blocks to the brim.
+        let buffer: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut arena = KeyArena::default();
+        let mut expected = Vec::new();
+        for i in 0..120_000usize {
+            let (start, len) = (i * 13 % 4000, i % 41);
+            arena.push(&buffer[start..], len);
+            expected.push((start, len));
+            let capacities: usize = arena.blocks.iter().map(Vec::capacity).sum();
+            assert_eq!(capacities, arena.allocated, "a block grew after key {i}");
+        }
+        assert!(arena.blocks.len() > 2);
+        for (slot, &(start, len)) in expected.iter().enumerate() {
+            assert_eq!(
+                arena.get(slot as u32),
+                &buffer[start..start + len],
+                "slot {slot}"
+            );
+        }
     }
 
     #[test]
@@ -637,7 +670,7 @@ mod tests {
         let key = |i: usize| -> Vec<u8> { vec![(i % 251) as u8; 1 + (i * 7919) % 3000] };
         let n = 3000;
         for i in 0..n {
-            arena.push(&key(i));
+            arena.push(&key(i), key(i).len());
         }
         assert!(arena.blocks.len() > 3, "the keys span several blocks");
         for i in 0..n {

@@ -689,25 +689,23 @@ impl KeyRows {
         }
     }
 
-    /// Appends row `row` of `other`. A copy of a length known only at run time is a call
-    /// to `memcpy`, which costs more than the copy for a key of a few tens of bytes; most
-    /// keys are shorter than [`SHORT_KEY`], so that many bytes are copied, as a few
-    /// vector moves, and the ones past the key cut off again.
+    /// Appends row `row` of `other` (see [`append_key`] for how).
     #[inline]
     pub(crate) fn push_row_of(&mut self, other: &Self, row: usize) {
-        let (start, end) = (other.offsets[row], other.offsets[row + 1]);
         if self.offsets.is_empty() {
             self.offsets.push(0);
         }
-        let at = self.data.len();
-        match other.data[start..].first_chunk::<SHORT_KEY>() {
-            Some(chunk) if end - start <= SHORT_KEY => {
-                self.data.extend_from_slice(chunk);
-                self.data.truncate(at + (end - start));
-            }
-            _ => self.data.extend_from_slice(&other.data[start..end]),
-        }
+        let (key_and_tail, len) = other.row_and_tail(row);
+        append_key(&mut self.data, key_and_tail, len);
         self.offsets.push(self.data.len());
+    }
+
+    /// The encoded key of `row`, and the bytes that follow it in the buffer: what a
+    /// fixed-size copy of a short key may read past its end (see [`append_key`]).
+    #[inline]
+    pub(crate) fn row_and_tail(&self, row: usize) -> (&[u8], usize) {
+        let (start, end) = (self.offsets[row], self.offsets[row + 1]);
+        (&self.data[start..], end - start)
     }
 
     /// The encoded key of `row`.
@@ -717,8 +715,27 @@ impl KeyRows {
     }
 }
 
-/// Keys up to this many bytes are appended by [`KeyRows::push_row_of`] as a fixed-size copy.
-const SHORT_KEY: usize = 32;
+/// Keys up to this many bytes are appended by [`append_key`] as a fixed-size copy.
+pub(crate) const SHORT_KEY: usize = 32;
+
+/// Appends the first `len` bytes of `key_and_tail` (a key and whatever follows it) to
+/// `out`. A copy of a length known only at run time is a call to `memcpy`, which costs
+/// more than the copy for a key of a few tens of bytes; a key of at most [`SHORT_KEY`]
+/// bytes with that many bytes behind it is copied as a fixed [`SHORT_KEY`] bytes, a few
+/// vector moves, and the bytes past the key are cut off again. `out` may grow past its
+/// capacity by up to [`SHORT_KEY`] bytes doing so; a caller that must not reallocate
+/// checks its room first.
+#[inline]
+pub(crate) fn append_key(out: &mut Vec<u8>, key_and_tail: &[u8], len: usize) {
+    let at = out.len();
+    match key_and_tail.first_chunk::<SHORT_KEY>() {
+        Some(chunk) if len <= SHORT_KEY => {
+            out.extend_from_slice(chunk);
+            out.truncate(at + len);
+        }
+        _ => out.extend_from_slice(&key_and_tail[..len]),
+    }
+}
 
 /// Sends every row to one of N partitions by the hash of its key, so that a dedup too big
 /// for memory can run one partition at a time (a key lives in exactly one partition).
