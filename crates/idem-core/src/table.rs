@@ -1028,6 +1028,7 @@ mod tests {
             assert_eq!(straddling.len(), 200);
         }
     }
+
     #[test]
     fn version_helpers_order_and_copy_as_the_bytes_do() {
         let mut rng = SplitMix64::new(9);
