@@ -10,6 +10,12 @@
 //!
 //! Dropping an [`OutputWriter`] without [`OutputWriter::commit`] removes the temporaries.
 //!
+//! A rename is only as durable as what it publishes: after a power loss, a file system may
+//! keep the rename but not the file's data or size (ext4, XFS), and a reader then finds an
+//! empty or truncated target where the job reported success. So the files are synced
+//! before the rename, and the directory that holds the renamed entry after it: once
+//! [`OutputWriter::commit`] returns, the output survives a crash of the machine.
+//!
 //! On object storage ([`OutputWriter::create`] with a URL) the files are written to a local
 //! staging directory first and uploaded at commit:
 //!
@@ -381,8 +387,10 @@ impl OutputWriter {
         self.write_pending()?;
         self.close_part()?;
         if self.single_file {
+            sync_file(&self.temp)?;
             std::fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
             self.committed = true;
+            sync_directory(&parent_directory(&self.target))?;
             return Ok(vec![self.target.clone()]);
         }
         replace_directory(&self.temp, &self.target)?;
@@ -396,8 +404,16 @@ impl OutputWriter {
 }
 
 /// Puts the directory `temp` in place of `target`: an existing target is moved aside, the
-/// new one renamed into place, the old one removed.
+/// new one renamed into place, the old one removed. The files of `temp` and its entries are
+/// synced first, and the rename after (see the module docs).
 pub(crate) fn replace_directory(temp: &Path, target: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(temp).map_err(Error::io(temp))? {
+        let path = entry.map_err(Error::io(temp))?.path();
+        if path.is_file() {
+            sync_file(&path)?;
+        }
+    }
+    sync_directory(temp)?;
     if target.exists() {
         let old = hidden_sibling(target, "old")?;
         std::fs::rename(target, &old).map_err(Error::io(target))?;
@@ -406,9 +422,35 @@ pub(crate) fn replace_directory(temp: &Path, target: &Path) -> Result<()> {
             let _ = std::fs::rename(&old, target);
             return Err(Error::io(target)(e));
         }
+        sync_directory(&parent_directory(target))?;
         std::fs::remove_dir_all(&old).map_err(Error::io(&old))
     } else {
-        std::fs::rename(temp, target).map_err(Error::io(target))
+        std::fs::rename(temp, target).map_err(Error::io(target))?;
+        sync_directory(&parent_directory(target))
+    }
+}
+
+/// Makes a written file's bytes and size durable.
+fn sync_file(path: &Path) -> Result<()> {
+    std::fs::File::open(path)
+        .and_then(|file| file.sync_all())
+        .map_err(Error::io(path))
+}
+
+/// Makes the entries of a directory (files created in it, renames into it) durable. Only
+/// POSIX systems sync a directory through a handle; elsewhere this does nothing.
+fn sync_directory(path: &Path) -> Result<()> {
+    if cfg!(unix) {
+        sync_file(path)?;
+    }
+    Ok(())
+}
+
+/// The directory holding `path` (the current one for a bare name).
+fn parent_directory(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 
@@ -517,10 +559,12 @@ pub(crate) fn replace_file(path: &Path, contents: &str, option: &str) -> Result<
     })?;
     let temporary = path.with_file_name(format!(".{name}.idem-tmp-{}", std::process::id()));
     std::fs::write(&temporary, contents).map_err(Error::io(&temporary))?;
-    std::fs::rename(&temporary, path).map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
-        Error::io(path)(e)
-    })
+    sync_file(&temporary)
+        .and_then(|()| std::fs::rename(&temporary, path).map_err(Error::io(path)))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&temporary);
+        })?;
+    sync_directory(&parent_directory(path))
 }
 
 #[cfg(test)]
@@ -579,5 +623,37 @@ mod tests {
         let read = arrow::compute::concat_batches(&batch.schema(), &read).expect("concat");
         assert_eq!(read, batch);
         assert_eq!(read.column(0).len(), rows as usize);
+    }
+
+    /// The new directory's files replace the old ones, no temporary is left beside them,
+    /// and a temporary that cannot be synced (here: gone) is an error naming it that
+    /// leaves the target as it was.
+    #[test]
+    fn directories_are_synced_and_swapped_or_left_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (temp, target) = (dir.path().join(".new"), dir.path().join("out"));
+        for (directory, name) in [(&temp, "part-00000.parquet"), (&target, "stale.parquet")] {
+            std::fs::create_dir(directory).expect("mkdir");
+            std::fs::write(directory.join(name), name).expect("write");
+        }
+        replace_directory(&temp, &target).expect("replace");
+        let names = |directory: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(directory)
+                .expect("list")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(&target), ["part-00000.parquet"]);
+        assert_eq!(names(dir.path()), ["out"]);
+
+        let error = replace_directory(&temp, &target).expect_err("no temporary to publish");
+        assert!(error.to_string().contains(".new"), "{error}");
+        assert_eq!(names(&target), ["part-00000.parquet"]);
+        let error = sync_file(&temp).expect_err("nothing to sync");
+        assert!(error.to_string().contains(".new"), "{error}");
+        assert_eq!(parent_directory(Path::new("out.parquet")), Path::new("."));
+        assert_eq!(parent_directory(&target), dir.path());
     }
 }
