@@ -275,11 +275,6 @@ fn write_queued(
     let mut syncer = Syncer::start(&file)?;
     let mut unsynced = 0;
     for block in queued {
-        unsynced += block.len;
-        // A sync still running when the next is due takes the bytes since in its stride.
-        if unsynced >= sync_every && syncer.request()? {
-            unsynced = 0;
-        }
         match file.write_all(block.bytes()) {
             Ok(()) => {}
             // The file system accepted O_DIRECT at open but not this write (an alignment
@@ -290,6 +285,11 @@ fn write_queued(
                 file.write_all(block.bytes())?;
             }
             Err(error) => return Err(error),
+        }
+        unsynced += block.len;
+        // A sync still running when the next is due takes the bytes since in its stride.
+        if unsynced >= sync_every && syncer.request()? {
+            unsynced = 0;
         }
         // The writer may have finished and stopped taking buffers back.
         drop(to_fill.try_send(block));
@@ -337,16 +337,12 @@ impl Syncer {
             Ok(()) => Ok(true),
             Err(TrySendError::Full(())) => Ok(false),
             // The thread stopped, which it only does on an error.
-            Err(TrySendError::Disconnected(())) => self.finish_thread().map(|()| false),
+            Err(TrySendError::Disconnected(())) => self.finish().map(|()| false),
         }
     }
 
     /// Waits for the syncs asked for; returns the first one's error.
-    fn finish(mut self) -> io::Result<()> {
-        self.finish_thread()
-    }
-
-    fn finish_thread(&mut self) -> io::Result<()> {
+    fn finish(&mut self) -> io::Result<()> {
         drop(self.requests.take());
         match self.thread.take() {
             Some(thread) => thread
@@ -360,7 +356,7 @@ impl Syncer {
 impl Drop for Syncer {
     fn drop(&mut self) {
         // Abandoned after a failed write, whose error is the one returned.
-        drop(self.finish_thread());
+        drop(self.finish());
     }
 }
 
