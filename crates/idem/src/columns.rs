@@ -30,13 +30,14 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
-    ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
+    ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
 };
 use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::SchemaDescriptor;
 
+use crate::bounds::{BoundsPlan, FieldWriter};
 use crate::direct::OutputFile;
 
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
@@ -99,6 +100,8 @@ struct Shared {
     schema: SchemaRef,
     /// The leaf columns of each top-level field, as indices into the file's columns.
     leaves: Vec<Range<usize>>,
+    /// The fields whose statistics are computed here.
+    bounds: BoundsPlan,
     /// Makes each row group's column writers.
     factory: ArrowRowGroupWriterFactory,
     state: Mutex<Encoding>,
@@ -141,8 +144,8 @@ struct Group {
 
 /// One top-level field's writers in one row group, and how far they have got.
 struct FieldEncoder {
-    /// The field's leaf writers; `None` while a thread has them, and once closed.
-    writers: Option<Vec<ArrowColumnWriter>>,
+    /// The field's writers; `None` while a thread has them, and once closed.
+    writers: Option<FieldWriter>,
     /// The number of the next batch to encode.
     next_batch: u64,
     /// The closed column chunks, once the field has closed the group.
@@ -152,13 +155,13 @@ struct FieldEncoder {
 /// Work for a thread, taken from [`Encoding`] with the writers of a field of a row group
 /// (numbered from the file's first).
 enum Task {
-    Encode(u64, usize, RecordBatch, Vec<ArrowColumnWriter>),
-    Close(u64, usize, Vec<ArrowColumnWriter>),
+    Encode(u64, usize, RecordBatch, FieldWriter),
+    Close(u64, usize, FieldWriter),
 }
 
 /// A finished [`Task`], to put back into [`Encoding`].
 enum Done {
-    Encoded(u64, usize, Vec<ArrowColumnWriter>),
+    Encoded(u64, usize, FieldWriter),
     Closed(u64, usize, Vec<ArrowColumnChunk>),
 }
 
@@ -174,6 +177,7 @@ impl ParallelWriter {
             .max_row_group_row_count()
             .unwrap_or(usize::MAX)
             .max(1);
+        let bounds = BoundsPlan::new(&schema, &properties);
         let (file, factory) =
             ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties))?
                 .into_serialized_writer()?;
@@ -181,6 +185,7 @@ impl ParallelWriter {
         let shared = Arc::new(Shared {
             schema,
             leaves,
+            bounds,
             factory,
             state: Mutex::new(Encoding {
                 batches: VecDeque::new(),
@@ -267,6 +272,8 @@ impl ParallelWriter {
         let fields = split_by_field(
             self.shared.factory.create_column_writers(index)?,
             &self.shared.leaves,
+            &self.shared.schema,
+            &self.shared.bounds,
         )
         .into_iter()
         .map(|writers| FieldEncoder {
@@ -364,15 +371,22 @@ pub(crate) fn field_leaves(
     Ok(leaves)
 }
 
-/// The writers of one row group (in file column order) grouped by top-level field.
+/// The writers of one row group (in file column order) grouped by top-level field of
+/// `schema`, with the statistics `bounds` plans.
 pub(crate) fn split_by_field(
     writers: Vec<ArrowColumnWriter>,
     leaves: &[Range<usize>],
-) -> Vec<Vec<ArrowColumnWriter>> {
+    schema: &SchemaRef,
+    bounds: &BoundsPlan,
+) -> Vec<FieldWriter> {
     let mut writers = writers.into_iter();
     leaves
         .iter()
-        .map(|range| writers.by_ref().take(range.len()).collect())
+        .zip(schema.fields())
+        .enumerate()
+        .map(|(index, (range, field))| {
+            bounds.field_writer(index, field, writers.by_ref().take(range.len()).collect())
+        })
         .collect()
 }
 
@@ -590,26 +604,18 @@ impl Task {
     fn run(self, schema: &SchemaRef) -> Result<Done> {
         match self {
             Task::Encode(number, index, batch, mut writers) => {
-                let field = schema.field(index);
-                let leaves = compute_leaves(field, batch.column(index))?;
-                for (writer, leaf) in writers.iter_mut().zip(leaves) {
-                    writer.write(&leaf)?;
-                }
+                writers.write(schema.field(index), batch.column(index))?;
                 Ok(Done::Encoded(number, index, writers))
             }
             Task::Close(number, index, writers) => {
-                let chunks = writers
-                    .into_iter()
-                    .map(ArrowColumnWriter::close)
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Done::Closed(number, index, chunks))
+                Ok(Done::Closed(number, index, writers.close()?))
             }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::fs::File;
     use std::sync::Arc;
 
@@ -619,7 +625,7 @@ mod tests {
     use super::*;
     use crate::output::writer_properties;
 
-    fn batch(start: i64, rows: usize) -> RecordBatch {
+    pub(crate) fn batch(start: i64, rows: usize) -> RecordBatch {
         let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(start..start + rows as i64));
         let names: ArrayRef = Arc::new(StringArray::from_iter(
             (start..start + rows as i64)
@@ -647,7 +653,27 @@ mod tests {
     }
 
     /// The bytes `ArrowWriter` (serial) or `ParallelWriter` writes for `batches`.
-    fn written(
+    /// `properties` with the Parquet writer computing chunk statistics for the fields
+    /// whose statistics idem computes.
+    pub(crate) fn chunk_statistics_by_writer(
+        properties: &WriterProperties,
+        schema: &arrow::datatypes::Schema,
+    ) -> WriterProperties {
+        use parquet::file::properties::EnabledStatistics;
+        use parquet::schema::types::ColumnPath;
+        let mut builder = properties.clone().into_builder();
+        for field in schema.fields() {
+            if crate::bounds::bounds_computed_here(field.data_type()) {
+                builder = builder.set_column_statistics_enabled(
+                    ColumnPath::new(vec![field.name().clone()]),
+                    EnabledStatistics::Chunk,
+                );
+            }
+        }
+        builder.build()
+    }
+
+    pub(crate) fn written(
         path: &std::path::Path,
         batches: &[RecordBatch],
         properties: WriterProperties,
@@ -705,8 +731,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let batches: Vec<RecordBatch> = (0..40).map(|i| batch(i * 9000, 9000)).collect();
         let path = dir.path().join("out.parquet");
-        let properties = writer_properties(&batches[0].schema()).expect("properties");
-        let serial = written(&path, &batches, properties.clone(), false);
+        let schema = batches[0].schema();
+        let properties = writer_properties(&schema).expect("properties");
+        // The text column's statistics, computed here, are the ones `ArrowWriter` writes
+        // when it computes them per chunk.
+        let serial = written(
+            &path,
+            &batches,
+            chunk_statistics_by_writer(&properties, &schema),
+            false,
+        );
         assert!(serial.len() > 100_000);
         assert_eq!(written(&path, &batches, properties, true), serial);
     }

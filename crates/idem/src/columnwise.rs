@@ -27,9 +27,10 @@ use arrow::array::{Array, ArrayRef, BooleanArray, new_null_array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use idem_core::mix_value_hashes_at;
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_leaves};
+use parquet::arrow::arrow_writer::ArrowColumnChunk;
 use parquet::file::properties::WriterProperties;
 
+use crate::bounds::{BoundsPlan, FieldWriter};
 use crate::columns::{field_leaves, split_by_field};
 use crate::decide::Selection;
 use crate::direct::OutputFile;
@@ -77,6 +78,7 @@ pub(crate) fn write_part(
         .unwrap_or(usize::MAX)
         .max(1) as u64;
     let file = OutputFile::create(path).map_err(Error::io(path))?;
+    let bounds = BoundsPlan::new(schema, &properties);
     let (mut file, factory) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(Error::parquet(path))?;
@@ -96,7 +98,7 @@ pub(crate) fn write_part(
         encode_group(
             path,
             schema,
-            split_by_field(writers, &leaves),
+            split_by_field(writers, &leaves, schema, &bounds),
             start..end,
             &*source,
             &mut |chunks| {
@@ -122,7 +124,7 @@ pub(crate) fn write_part(
 
 /// The fields of one row group waiting to be taken, and how far the appending has got.
 struct FieldQueue {
-    writers: VecDeque<Vec<ArrowColumnWriter>>,
+    writers: VecDeque<FieldWriter>,
     /// The number of the field `writers` starts with.
     next: usize,
     appended: usize,
@@ -134,7 +136,7 @@ struct FieldQueue {
 fn encode_group(
     path: &Path,
     schema: &SchemaRef,
-    writers: Vec<Vec<ArrowColumnWriter>>,
+    writers: Vec<FieldWriter>,
     rows: Range<u64>,
     source: &dyn ColumnSource,
     append: &mut dyn FnMut(Vec<ArrowColumnChunk>) -> Result<()>,
@@ -199,7 +201,7 @@ fn encode_group(
 fn take_field(
     mut queue: MutexGuard<'_, FieldQueue>,
     changed: &Condvar,
-) -> Option<(usize, Vec<ArrowColumnWriter>)> {
+) -> Option<(usize, FieldWriter)> {
     loop {
         if queue.stopped {
             return None;
@@ -219,7 +221,7 @@ fn encode_field(
     path: &Path,
     schema: &SchemaRef,
     field: usize,
-    mut writers: Vec<ArrowColumnWriter>,
+    mut writers: FieldWriter,
     rows: Range<u64>,
     source: &dyn ColumnSource,
 ) -> Result<Vec<ArrowColumnChunk>> {
@@ -240,10 +242,9 @@ fn encode_field(
             if row == piece_end {
                 let piece = concat_arrays(&pieces, definition.data_type(), path)?;
                 pieces.clear();
-                let leaves = compute_leaves(definition, &piece).map_err(Error::parquet(path))?;
-                for (writer, leaf) in writers.iter_mut().zip(leaves) {
-                    writer.write(&leaf).map_err(Error::parquet(path))?;
-                }
+                writers
+                    .write(definition, &piece)
+                    .map_err(Error::parquet(path))?;
             }
         }
     }
@@ -256,10 +257,7 @@ fn encode_field(
             rows.end - rows.start
         )));
     }
-    writers
-        .into_iter()
-        .map(|writer| writer.close().map_err(Error::parquet(path)))
-        .collect()
+    writers.close().map_err(Error::parquet(path))
 }
 
 /// A dedup's winners, as a [`ColumnSource`]: output row `n` is the `n`-th kept row in

@@ -21,6 +21,7 @@
 //! # Ok::<(), idem::Error>(())
 //! ```
 
+mod bounds;
 #[cfg(feature = "ballista")]
 pub mod cluster;
 mod columns;

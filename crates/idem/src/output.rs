@@ -34,9 +34,10 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use parquet::arrow::ArrowSchemaConverter;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use crate::bounds::bounds_computed_here;
 use crate::columns::ParallelWriter;
 use crate::columnwise::{self, ColumnSource};
 use crate::direct::OutputFile;
@@ -113,6 +114,15 @@ pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<Writ
         .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES);
     for (column, encoding) in fallback_encodings(schema)? {
         builder = builder.set_column_encoding(column, encoding);
+    }
+    // Computed while the columns are written instead, more cheaply (see `bounds`).
+    for field in schema.fields() {
+        if bounds_computed_here(field.data_type()) {
+            builder = builder.set_column_statistics_enabled(
+                ColumnPath::new(vec![field.name().clone()]),
+                EnabledStatistics::None,
+            );
+        }
     }
     Ok(builder.build())
 }
