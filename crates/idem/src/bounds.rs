@@ -20,7 +20,7 @@ use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_
 use parquet::data_type::ByteArray;
 use parquet::errors::Result;
 use parquet::file::metadata::LevelHistogram;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnPath;
 
@@ -36,6 +36,25 @@ pub(crate) fn bounds_computed_here(data_type: &DataType) -> bool {
             | DataType::LargeBinary
             | DataType::BinaryView
     )
+}
+
+/// `builder` with `level` statistics for the top-level fields of `schema` that
+/// [`bounds_computed_here`]: `None` in idem's outputs, the Parquet writer's own otherwise.
+pub(crate) fn set_text_statistics(
+    mut builder: WriterPropertiesBuilder,
+    schema: &Schema,
+    level: EnabledStatistics,
+) -> WriterPropertiesBuilder {
+    for field in schema.fields() {
+        if bounds_computed_here(field.data_type()) {
+            builder = builder.set_column_statistics_enabled(top_level_path(field), level);
+        }
+    }
+    builder
+}
+
+fn top_level_path(field: &Field) -> ColumnPath {
+    ColumnPath::new(vec![field.name().clone()])
 }
 
 /// Which top-level fields of a file get their statistics here: those that
@@ -54,9 +73,9 @@ impl BoundsPlan {
             .fields()
             .iter()
             .map(|field| {
-                let path = ColumnPath::new(vec![field.name().clone()]);
                 bounds_computed_here(field.data_type())
-                    && properties.statistics_enabled(&path) == EnabledStatistics::None
+                    && properties.statistics_enabled(&top_level_path(field))
+                        == EnabledStatistics::None
             })
             .collect();
         Self {

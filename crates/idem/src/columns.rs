@@ -660,17 +660,12 @@ pub(crate) mod tests {
         schema: &arrow::datatypes::Schema,
     ) -> WriterProperties {
         use parquet::file::properties::EnabledStatistics;
-        use parquet::schema::types::ColumnPath;
-        let mut builder = properties.clone().into_builder();
-        for field in schema.fields() {
-            if crate::bounds::bounds_computed_here(field.data_type()) {
-                builder = builder.set_column_statistics_enabled(
-                    ColumnPath::new(vec![field.name().clone()]),
-                    EnabledStatistics::Chunk,
-                );
-            }
-        }
-        builder.build()
+        crate::bounds::set_text_statistics(
+            properties.clone().into_builder(),
+            schema,
+            EnabledStatistics::Chunk,
+        )
+        .build()
     }
 
     pub(crate) fn written(

@@ -37,7 +37,7 @@ use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use crate::bounds::bounds_computed_here;
+use crate::bounds::set_text_statistics;
 use crate::columns::ParallelWriter;
 use crate::columnwise::{self, ColumnSource};
 use crate::direct::OutputFile;
@@ -116,14 +116,7 @@ pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<Writ
         builder = builder.set_column_encoding(column, encoding);
     }
     // Computed while the columns are written instead, more cheaply (see `bounds`).
-    for field in schema.fields() {
-        if bounds_computed_here(field.data_type()) {
-            builder = builder.set_column_statistics_enabled(
-                ColumnPath::new(vec![field.name().clone()]),
-                EnabledStatistics::None,
-            );
-        }
-    }
+    builder = set_text_statistics(builder, schema, EnabledStatistics::None);
     Ok(builder.build())
 }
 
