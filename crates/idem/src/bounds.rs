@@ -27,14 +27,18 @@ use parquet::schema::types::ColumnPath;
 /// Whether a top-level field of this type gets its chunk statistics from [`ChunkBounds`]
 /// in idem's outputs (whose writer properties switch the Parquet writer's off for it).
 pub(crate) fn bounds_computed_here(data_type: &DataType) -> bool {
+    is_plain_text(data_type)
+        || matches!(
+            data_type,
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+        )
+}
+
+/// Text not dictionary-encoded: its bounds are cut at UTF-8 character boundaries.
+fn is_plain_text(data_type: &DataType) -> bool {
     matches!(
         data_type,
-        DataType::Utf8
-            | DataType::LargeUtf8
-            | DataType::Utf8View
-            | DataType::Binary
-            | DataType::LargeBinary
-            | DataType::BinaryView
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
     )
 }
 
@@ -95,10 +99,7 @@ impl BoundsPlan {
         let here = self.fields.get(index).copied().unwrap_or(false);
         let bounds = here.then(|| ChunkBounds {
             truncate: self.truncate,
-            utf8: matches!(
-                field.data_type(),
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ),
+            utf8: is_plain_text(field.data_type()),
             nullable: field.is_nullable(),
             ..ChunkBounds::default()
         });
