@@ -25,9 +25,18 @@ them in the page cache: on the VMs this is measured on, the host reclaims cached
 between runs, and an engine that happened to find part of its input evicted waited on the
 disk for it (100 % iowait on both cores for 0.45 s of a 10M run, seen with /proc/stat).
 
+After every run its output's files and directories are synced (fsync), and that time is
+kept apart from the run's. idem syncs its output before it publishes it, so that a crash
+cannot leave a file that is named but not on the disk; DuckDB and Polars leave theirs in
+the page cache, and the suite used to delete it before the kernel wrote it back, so their
+writes never reached the disk at all. The sync makes every engine pay for the same end
+state, and keeps one engine's write-back out of the next engine's run.
+
 The table gives wall median (min-max), CPU seconds (median), the largest peak RSS, the
 size of the last round's output, rows out, the ratio to the first engine and to the faster
-I/O floor.
+I/O floor, and the paired ratio (see `paired`), all of the run alone; then the median time
+of the sync after it, and the two ratios to the first engine of the run and sync together
+("durable": the wall time until the output is on the disk).
 
 Usage:
   python benches/peers.py IDEM_BINARY INPUT_DIR [--copy COPY_BINARY] [--sql-binary BINARY]
@@ -145,6 +154,24 @@ def measure(argv, timeout):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, failure
 
 
+def sync_output(path):
+    """Seconds to sync an output (a file or a directory of part files) to the disk: its
+    files, its directories and the directory that names it."""
+    started = time.monotonic()
+    if not os.path.exists(path):
+        return 0.0
+    files = [path] if os.path.isfile(path) else \
+        [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+    directories = [] if os.path.isfile(path) else [root for root, _, _ in os.walk(path)]
+    for name in files + directories + [os.path.dirname(path)]:
+        descriptor = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    return time.monotonic() - started
+
+
 def warm(inputs):
     """Reads every file under `inputs` once, to put it in the page cache (see the docs)."""
     paths = [inputs] if os.path.isfile(inputs) else \
@@ -180,13 +207,14 @@ def output_bytes(path):
 
 
 def paired(runs, base_runs):
-    """The median over rounds of this engine's wall time over the base engine's in the same
-    round. The machine's speed drifts over minutes; a round's two runs are seconds apart,
-    so their ratio drifts less than the ratio of the two medians (the `x` column), which
-    can pair a slow stretch of one engine with a fast stretch of the other."""
+    """The median over rounds of this engine's time (`runs`, one per round) over the base
+    engine's in the same round (`base_runs`). The machine's speed drifts over minutes; a
+    round's two runs are seconds apart, so their ratio drifts less than the ratio of the
+    two medians (the `x` column), which can pair a slow stretch of one engine with a fast
+    stretch of the other."""
     if len(runs) != len(base_runs) or not runs:
         return float("nan")
-    return statistics.median(w / b for (w, _, _), (b, _, _) in zip(runs, base_runs))
+    return statistics.median(w / b for w, b in zip(runs, base_runs))
 
 
 def main():
@@ -230,7 +258,7 @@ def main():
                 if failure:
                     failed[engine] = (wall, rss, failure)
                     continue
-                results[engine].append((wall, cpu, rss))
+                results[engine].append((wall, cpu, rss, sync_output(target)))
                 # Keep the outputs of the last round for the checksums, and only those:
                 # a 40M-row run writes gigabytes per engine.
                 if not last and os.path.isdir(target):
@@ -239,36 +267,46 @@ def main():
                     os.remove(target)
         # The measurements first, so that nothing is lost if reading the outputs fails.
         for engine, runs in results.items():
-            print(engine, " ".join(f"{w:.2f}s/{c:.1f}cpu/{r:.0f}MiB" for w, c, r in runs),
+            print(engine, " ".join(f"{w:.2f}s/{c:.1f}cpu/{r:.0f}MiB/{y:.2f}sync"
+                                   for w, c, r, y in runs),
                   failed.get(engine, ""), flush=True)
         outputs = {e: f"{out}/{e}.parquet" for e in engines if results[e]}
         sizes = {e: output_bytes(path) for e, path in outputs.items()}
         sums = checksums(list(outputs.values()))
     rows = {e: sums.get(path, (None, None)) for e, path in outputs.items()}
     reference = rows.get(engines[0], (None, None))
-    floors = [statistics.median(w for w, _, _ in results[e])
+    floors = [statistics.median(w for w, _, _, _ in results[e])
               for e in ("floor-idem", "floor-duckdb") if results.get(e)]
     floor = min(floors) if floors else None
     base_runs = results[engines[0]]
-    base = statistics.median(w for w, _, _ in base_runs)
+    base = statistics.median(w for w, _, _, _ in base_runs)
+    base_walls = [w for w, _, _, _ in base_runs]
+    base_durable = [w + y for w, _, _, y in base_runs]
     print(f"{args.inputs}, {args.rounds} rounds")
     print(f"{'engine':19} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
           f"{'output MB':>10} {'rows out':>11} {'same rows':>9} {'x ' + engines[0]:>8} {'x floor':>8} "
-          f"{'x paired':>8}")
+          f"{'x paired':>8} {'sync s':>7} {'x durable':>9} {'x dur. paired':>13}")
     for engine, runs in results.items():
         if not runs:
             wall, rss, failure = failed[engine]
             print(f"{engine:19} failed after {wall:.0f} s at {rss:.0f} MiB peak RSS: {failure}")
             continue
-        walls = [w for w, _, _ in runs]
+        walls = [w for w, _, _, _ in runs]
+        durable = [w + y for w, _, _, y in runs]
         median = statistics.median(walls)
         count, total = rows[engine]
         same = ("-" if engine.startswith("floor") or count is None
                 else "yes" if (count, total) == reference else "NO")
         print(f"{engine:19} {median:>9.2f} ({min(walls):6.2f}-{max(walls):6.2f}) "
-              f"{statistics.median(c for _, c, _ in runs):>7.1f} {max(r for _, _, r in runs):>13.0f} "
-              f"{sizes[engine] / 1e6:>10.1f} {count if count is not None else '?':>11} {same:>9} {median / base:>8.2f} "
-              f"{median / floor if floor else float('nan'):>8.2f} {paired(runs, base_runs):>8.2f}")
+              f"{statistics.median(c for _, c, _, _ in runs):>7.1f} "
+              f"{max(r for _, _, r, _ in runs):>13.0f} "
+              f"{sizes[engine] / 1e6:>10.1f} {count if count is not None else '?':>11} "
+              f"{same:>9} {median / base:>8.2f} "
+              f"{median / floor if floor else float('nan'):>8.2f} "
+              f"{paired(walls, base_walls):>8.2f} "
+              f"{statistics.median(y for _, _, _, y in runs):>7.2f} "
+              f"{statistics.median(durable) / statistics.median(base_durable):>9.2f} "
+              f"{paired(durable, base_durable):>13.2f}")
     if any(rows[e] != reference for e in outputs if not e.startswith("floor")):
         print("ERROR: engines disagree on the rows (count or checksum)")
         sys.exit(1)
