@@ -154,16 +154,21 @@ def measure(argv, timeout):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, failure
 
 
+def files_of(path):
+    """The files of an input or output: `path` itself, or every file under the directory."""
+    if os.path.isfile(path):
+        return [path]
+    return [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+
+
 def sync_output(path):
     """Seconds to sync an output (a file or a directory of part files) to the disk: its
     files, its directories and the directory that names it."""
     started = time.monotonic()
     if not os.path.exists(path):
         return 0.0
-    files = [path] if os.path.isfile(path) else \
-        [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
     directories = [] if os.path.isfile(path) else [root for root, _, _ in os.walk(path)]
-    for name in files + directories + [os.path.dirname(path)]:
+    for name in files_of(path) + directories + [os.path.dirname(path)]:
         descriptor = os.open(name, os.O_RDONLY)
         try:
             os.fsync(descriptor)
@@ -174,9 +179,7 @@ def sync_output(path):
 
 def warm(inputs):
     """Reads every file under `inputs` once, to put it in the page cache (see the docs)."""
-    paths = [inputs] if os.path.isfile(inputs) else \
-        [os.path.join(root, name) for root, _, names in os.walk(inputs) for name in names]
-    for path in paths:
+    for path in files_of(inputs):
         with open(path, "rb", buffering=0) as f:
             while f.read(1 << 22):
                 pass
@@ -200,10 +203,7 @@ def checksums(paths):
 
 def output_bytes(path):
     """Bytes of an output, a file or a directory of part files."""
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, names in os.walk(path) for name in names)
+    return sum(os.path.getsize(name) for name in files_of(path))
 
 
 def paired(runs, base_runs):
@@ -279,8 +279,8 @@ def main():
               for e in ("floor-idem", "floor-duckdb") if results.get(e)]
     floor = min(floors) if floors else None
     base_runs = results[engines[0]]
-    base = statistics.median(w for w, _, _, _ in base_runs)
     base_walls = [w for w, _, _, _ in base_runs]
+    base = statistics.median(base_walls)
     base_durable = [w + y for w, _, _, y in base_runs]
     print(f"{args.inputs}, {args.rounds} rounds")
     print(f"{'engine':19} {'wall median (min-max) s':>25} {'cpu s':>7} {'peak RSS MiB':>13} "
