@@ -168,27 +168,27 @@ impl EncodedKeys {
         (self.hashes[row] as u32) % parts.max(1)
     }
 
-    /// An empty set in the same form as `self`, with room for `rows` rows.
-    pub(crate) fn empty_like(&self, rows: usize) -> Self {
-        let form = match &self.form {
-            KeyForm::Rows(_) => KeyForm::Rows(KeyRows::with_capacity(rows, rows * 24)),
-            KeyForm::Narrow(_) => KeyForm::Narrow(Vec::with_capacity(rows)),
-        };
-        Self {
-            form,
-            hashes: Vec::with_capacity(rows),
+    /// Row `row`'s key (its encoded bytes, or its narrow value) and hash.
+    #[cfg(test)]
+    pub(crate) fn key_at(&self, row: usize) -> (Option<&[u8]>, Option<u64>, u64) {
+        match &self.form {
+            KeyForm::Rows(rows) => (Some(rows.row(row)), None, self.hashes[row]),
+            KeyForm::Narrow(values) => (None, values[row], self.hashes[row]),
         }
     }
 
-    /// Appends row `row` of `other`, which must be in the same form.
-    #[inline]
-    pub(crate) fn push_row_of(&mut self, other: &Self, row: usize) {
-        match (&mut self.form, &other.form) {
-            (KeyForm::Rows(mine), KeyForm::Rows(theirs)) => mine.push_row_of(theirs, row),
-            (KeyForm::Narrow(mine), KeyForm::Narrow(theirs)) => mine.push(theirs[row]),
-            _ => return,
+    /// The keys and hashes of `rows` (indices into these), in that order.
+    pub(crate) fn gather(&self, rows: &[u32]) -> Self {
+        let form = match &self.form {
+            KeyForm::Rows(keys) => KeyForm::Rows(keys.gather(rows)),
+            KeyForm::Narrow(values) => {
+                KeyForm::Narrow(rows.iter().map(|&row| values[row as usize]).collect())
+            }
+        };
+        Self {
+            form,
+            hashes: rows.iter().map(|&row| self.hashes[row as usize]).collect(),
         }
-        self.hashes.push(other.hashes[row]);
     }
 }
 

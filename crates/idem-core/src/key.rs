@@ -679,25 +679,32 @@ pub struct KeyRows {
 }
 
 impl KeyRows {
-    /// Empty, with room for `rows` keys of `bytes` bytes in all.
-    pub(crate) fn with_capacity(rows: usize, bytes: usize) -> Self {
-        let mut offsets = Vec::with_capacity(rows + 1);
-        offsets.push(0);
-        Self {
-            data: Vec::with_capacity(bytes),
-            offsets,
+    /// The keys of `rows` (indices into these), in that order.
+    ///
+    /// Written at a running offset into a buffer sized up front, a short key as one
+    /// fixed-size copy (see [`append_key`]): appended to a `Vec<u8>` instead, every row
+    /// stores the vector's length and loads it back, since a byte store may alias it.
+    pub(crate) fn gather(&self, rows: &[u32]) -> Self {
+        let bytes: usize = rows
+            .iter()
+            .map(|&row| self.row_and_tail(row as usize).1)
+            .sum();
+        let mut data = vec![0u8; bytes + SHORT_KEY];
+        let mut offsets = vec![0usize; rows.len() + 1];
+        let mut at = 0;
+        for (end, &row) in offsets[1..].iter_mut().zip(rows) {
+            let (key_and_tail, len) = self.row_and_tail(row as usize);
+            match key_and_tail.first_chunk::<SHORT_KEY>() {
+                Some(chunk) if len <= SHORT_KEY => {
+                    data[at..at + SHORT_KEY].copy_from_slice(chunk);
+                }
+                _ => data[at..at + len].copy_from_slice(&key_and_tail[..len]),
+            }
+            at += len;
+            *end = at;
         }
-    }
-
-    /// Appends row `row` of `other` (see [`append_key`] for how).
-    #[inline]
-    pub(crate) fn push_row_of(&mut self, other: &Self, row: usize) {
-        if self.offsets.is_empty() {
-            self.offsets.push(0);
-        }
-        let (key_and_tail, len) = other.row_and_tail(row);
-        append_key(&mut self.data, key_and_tail, len);
-        self.offsets.push(self.data.len());
+        data.truncate(at);
+        Self { data, offsets }
     }
 
     /// The encoded key of `row`, and the bytes that follow it in the buffer: what a
@@ -946,20 +953,22 @@ mod tests {
     }
 
     #[test]
-    fn keys_copied_row_by_row_come_out_whole_at_every_length() {
+    fn gathered_keys_come_out_whole_at_every_length() {
         // Lengths around the fixed-size copy's, and the last keys of the buffer, where
         // fewer than that many bytes follow a key's start.
         let lengths: Vec<usize> = (0..70).chain((0..70).rev()).collect();
-        let mut source = KeyRows::with_capacity(lengths.len(), 0);
+        let mut source = KeyRows {
+            data: Vec::new(),
+            offsets: vec![0],
+        };
         for (i, &len) in lengths.iter().enumerate() {
             source.data.extend((0..len).map(|b| (i * 31 + b) as u8));
             source.offsets.push(source.data.len());
         }
-        let mut copy = KeyRows::default();
         let picked: Vec<usize> = (0..lengths.len()).rev().step_by(3).chain([0, 1]).collect();
-        for &row in &picked {
-            copy.push_row_of(&source, row);
-        }
+        let indices: Vec<u32> = picked.iter().map(|&row| row as u32).collect();
+        let copy = source.gather(&indices);
+        assert_eq!(copy.offsets.len(), picked.len() + 1);
         for (at, &row) in picked.iter().enumerate() {
             assert_eq!(copy.row(at), source.row(row), "row {row}");
             assert_eq!(copy.row(at).len(), lengths[row]);

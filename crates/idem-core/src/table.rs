@@ -791,36 +791,64 @@ impl PreparedRows {
 
     /// Splits the rows into `parts` by key hash, each part in the rows' order; all rows of
     /// a key land in the same part, whatever batch they come in.
+    ///
+    /// Column by column: each part's rows are listed first, then every column gathered
+    /// for them. Pushed row by row into one of several parts, every column's copy was a
+    /// store and reload of that part's length through memory, a chain that made the split
+    /// a tenth of pass 1 at 40M rows (`benches/RESULTS.md`).
     pub fn split(&self, parts: u32) -> Vec<PreparedRows> {
         let parts = parts.max(1);
-        let room = self.len() / parts as usize + 64;
-        let mut out: Vec<PreparedRows> = (0..parts)
-            .map(|_| PreparedRows {
-                keys: self.keys.empty_like(room),
-                versions: Vec::with_capacity(room * self.width),
-                width: self.width,
-                tombstones: Vec::with_capacity(room),
-                positions: Vec::with_capacity(room),
-                key_nulls: None,
-                null_keys: 0,
-            })
+        let mut rows_of: Vec<Vec<u32>> = (0..parts)
+            .map(|_| Vec::with_capacity(self.len() / parts as usize + 64))
             .collect();
-        let width = self.width;
         for row in 0..self.len() {
-            let part = &mut out[self.keys.route(row, parts) as usize];
-            part.keys.push_row_of(&self.keys, row);
-            append_version(
-                &mut part.versions,
-                &self.versions[row * width..(row + 1) * width],
-            );
-            part.tombstones.push(self.tombstones[row]);
-            part.positions.push(self.positions[row]);
-            if self.key_nulls.as_ref().is_some_and(|n| n.is_null(row)) {
-                part.null_keys += 1;
-            }
+            rows_of[self.keys.route(row, parts) as usize].push(row as u32);
         }
-        out
+        rows_of.iter().map(|rows| self.gather(rows)).collect()
     }
+
+    /// The rows at `rows` (indices into these rows), in that order.
+    fn gather(&self, rows: &[u32]) -> PreparedRows {
+        let null_keys = self.key_nulls.as_ref().map_or(0, |nulls| {
+            rows.iter()
+                .filter(|&&row| nulls.is_null(row as usize))
+                .count() as u64
+        });
+        PreparedRows {
+            keys: self.keys.gather(rows),
+            versions: gather_versions(&self.versions, self.width, rows),
+            width: self.width,
+            tombstones: rows
+                .iter()
+                .map(|&row| self.tombstones[row as usize])
+                .collect(),
+            positions: rows
+                .iter()
+                .map(|&row| self.positions[row as usize])
+                .collect(),
+            key_nulls: None,
+            null_keys,
+        }
+    }
+}
+
+/// The encoded versions, `width` bytes each, of `rows`, in that order; the common
+/// [`ONE_WORD_VERSION`] width copied as fixed-size values rather than by `memcpy` calls.
+fn gather_versions(versions: &[u8], width: usize, rows: &[u32]) -> Vec<u8> {
+    let mut out = vec![0u8; rows.len() * width];
+    if width == ONE_WORD_VERSION {
+        let (source, _) = versions.as_chunks::<ONE_WORD_VERSION>();
+        let (target, _) = out.as_chunks_mut::<ONE_WORD_VERSION>();
+        for (version, &row) in target.iter_mut().zip(rows) {
+            *version = source[row as usize];
+        }
+    } else if width > 0 {
+        for (version, &row) in out.chunks_exact_mut(width).zip(rows) {
+            let at = row as usize * width;
+            version.copy_from_slice(&versions[at..at + width]);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -1026,6 +1054,86 @@ mod tests {
             );
             let straddling = bits.range_bits(end - 70, end + 130);
             assert_eq!(straddling.len(), 200);
+        }
+    }
+
+    #[test]
+    fn a_split_keeps_every_row_whole_in_its_keys_part_and_order() {
+        use super::PreparedRows;
+        use crate::options::{DedupOptions, DeletePolicy};
+        use arrow::array::{ArrayRef, UInt32Array};
+
+        let rows = 3_000usize;
+        let mut rng = SplitMix64::new(7);
+        let text: ArrayRef = Arc::new(StringArray::from_iter((0..rows).map(|i| {
+            // Nulls, empty keys, UUIDs packed short, and keys longer than a short copy.
+            match i % 13 {
+                0 => None,
+                1 => Some(String::new()),
+                2 => Some(format!("{}-{}", "k".repeat(40), rng.next_u64() % 500)),
+                _ => Some(format!(
+                    "{:08x}-0000-4000-8000-{:012x}",
+                    rng.next_u64() % 700,
+                    i % 3
+                )),
+            }
+        })));
+        let number: ArrayRef = Arc::new(UInt32Array::from_iter_values(
+            (0..rows).map(|i| (i * 7 % 300) as u32),
+        ));
+        let version: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..rows).map(|i| (i % 17 != 0).then_some((i * 31 % 1000) as i64)),
+        ));
+        let op: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| if i % 5 == 0 { "d" } else { "u" }),
+        ));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("n", DataType::UInt32, false),
+            Field::new("v", DataType::Int64, true),
+            Field::new("op", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![text, number, version, op])
+            .expect("batch");
+        let deletes = DedupOptions::default().with_deletes(DeletePolicy::new("op"));
+        for keys in [vec!["k", "n"], vec!["n"]] {
+            let spec = DedupSpec::new(keys.clone(), ["v"]).with_options(deletes.clone());
+            let table = KeepMaxTable::try_new(&schema, &spec).expect("table");
+            let mut whole = PreparedRows::default();
+            table
+                .preparer()
+                .prepare_into(&batch, |row| 1_000 + row as u64, &mut whole)
+                .expect("prepare");
+            for parts in [1, 2, 3] {
+                let split = whole.split(parts);
+                assert_eq!(split.len(), parts as usize);
+                assert_eq!(split.iter().map(PreparedRows::len).sum::<usize>(), rows);
+                let width = whole.width;
+                for (part, rows_of_part) in split.iter().enumerate() {
+                    let expected: Vec<usize> = (0..rows)
+                        .filter(|&row| whole.keys.route(row, parts) as usize == part)
+                        .collect();
+                    assert_eq!(rows_of_part.len(), expected.len(), "{keys:?} {parts}");
+                    assert_eq!(rows_of_part.width, width);
+                    for (at, &row) in expected.iter().enumerate() {
+                        assert_eq!(rows_of_part.keys.key_at(at), whole.keys.key_at(row));
+                        assert_eq!(rows_of_part.positions[at], whole.positions[row]);
+                        assert_eq!(rows_of_part.tombstones[at], whole.tombstones[row]);
+                        assert_eq!(
+                            rows_of_part.versions[at * width..(at + 1) * width],
+                            whole.versions[row * width..(row + 1) * width]
+                        );
+                    }
+                    let null_keys = whole.key_nulls.as_ref().map_or(0, |nulls| {
+                        expected.iter().filter(|&&row| nulls.is_null(row)).count() as u64
+                    });
+                    assert_eq!(rows_of_part.null_keys, null_keys);
+                }
+                assert_eq!(
+                    split.iter().map(|p| p.null_keys).sum::<u64>(),
+                    whole.null_keys
+                );
+            }
         }
     }
 
