@@ -813,7 +813,7 @@ impl KeyRouter {
 #[cfg(test)]
 mod tests {
     use arrow::array::{
-        BooleanArray, DictionaryArray, LargeStringArray, StringArray, StringViewArray,
+        BooleanArray, DictionaryArray, Int64Array, LargeStringArray, StringArray, StringViewArray,
         TimestampMillisecondArray,
     };
     use arrow::datatypes::Int8Type;
@@ -973,6 +973,57 @@ mod tests {
             assert_eq!(copy.row(at), source.row(row), "row {row}");
             assert_eq!(copy.row(at).len(), lengths[row]);
         }
+    }
+
+    /// Compact encodings of `columns`' rows.
+    fn compact(columns: Vec<ArrayRef>, rows: &mut KeyRows) -> Vec<Vec<u8>> {
+        let fields: Vec<Field> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Field::new(format!("k{i}"), c.data_type().clone(), true))
+            .collect();
+        let layout = KeyLayout::try_new(&fields).expect("layout");
+        let keys = layout.canonicalise(&columns).expect("canonical");
+        keys.encode_compact_rows(rows);
+        (0..keys.num_rows()).map(|i| rows.row(i).to_vec()).collect()
+    }
+
+    #[test]
+    fn compact_keys_are_the_same_in_a_reused_buffer_and_tell_keys_apart() {
+        let long = "x".repeat(300);
+        let text: ArrayRef = Arc::new(StringViewArray::from(vec![
+            Some(long.as_str()),
+            None,
+            Some(""),
+            Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"),
+            Some("0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0"),
+            Some("0f1e2d3c-4b5a-6978-8796-A5B4C3D2E1F0"),
+        ]));
+        let number: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(i64::MIN),
+            Some(-1),
+            Some(0),
+            Some(127),
+            None,
+            Some(i64::MAX),
+        ]));
+        let mut reused = KeyRows::default();
+        let first = compact(vec![Arc::clone(&text), Arc::clone(&number)], &mut reused);
+        // A second, shorter batch over the first one's bytes encodes as into a new buffer.
+        let sliced = vec![text.slice(2, 3), number.slice(2, 3)];
+        let again = compact(sliced.clone(), &mut reused);
+        assert_eq!(again, compact(sliced, &mut KeyRows::default()));
+        assert_eq!(again, first[2..5]);
+        // Every row differs from every other, the three UUID spellings included.
+        for (i, a) in first.iter().enumerate() {
+            for b in &first[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // The lowercase UUID packs to a tag and 16 bytes (127 zig-zags to two varint
+        // bytes); the mixed-case one does not.
+        assert_eq!(first[3].len(), 1 + 16 + 1 + 2);
+        assert!(first[5].len() > 36);
     }
 
     #[test]
