@@ -5,6 +5,8 @@
 //! * `key_hash` — hashing the key columns and encoding them for the key table;
 //! * `keep_max_update` — the keep-max table (probe / insert, keep-max update, finish), the
 //!   specialised single-integer table and the generic encoded-bytes one side by side;
+//! * `split` — prepared rows (keys encoded and hashed, versions, positions) split by key
+//!   hash between two key tables, as the two workers of a dedup's first pass split them;
 //! * `winners` — the whole in-memory dedup, winning rows materialised.
 //!
 //! The end-to-end comparison with other tools is a separate suite (`peers.py`).
@@ -16,7 +18,7 @@ use arrow::datatypes::Int32Type;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use idem_core::key::{KeyLayout, KeyRows};
 use idem_core::rng::SplitMix64;
-use idem_core::{DedupSpec, KeepMaxTable, dedup_batches};
+use idem_core::{DedupSpec, KeepMaxTable, PreparedRows, dedup_batches};
 
 const ROWS: usize = 1 << 20;
 const BATCH: usize = 8192;
@@ -165,6 +167,38 @@ fn keep_max(c: &mut Criterion) {
     group.finish();
 }
 
+fn split(c: &mut Criterion) {
+    let mut group = c.benchmark_group("split");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(10);
+    for shape in SHAPES {
+        let input = batches(shape, 700_000, 0);
+        let spec = DedupSpec::new(key_columns(shape), ["lsn"]);
+        let preparer = KeepMaxTable::try_new(&input[0].schema(), &spec)
+            .expect("table")
+            .preparer();
+        let prepared: Vec<PreparedRows> = input
+            .iter()
+            .map(|batch| {
+                let mut rows = PreparedRows::default();
+                preparer
+                    .prepare_into(batch, |row| row as u64, &mut rows)
+                    .expect("prepare");
+                rows
+            })
+            .collect();
+        group.bench_with_input(BenchmarkId::new("two", shape), &prepared, |b, prepared| {
+            b.iter(|| {
+                prepared
+                    .iter()
+                    .map(|rows| rows.split(2).iter().map(PreparedRows::len).sum::<usize>())
+                    .sum::<usize>()
+            });
+        });
+    }
+    group.finish();
+}
+
 fn winners(c: &mut Criterion) {
     let mut group = c.benchmark_group("winners");
     group.throughput(Throughput::Elements(ROWS as u64));
@@ -187,5 +221,5 @@ fn winners(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, key_hash, keep_max, winners);
+criterion_group!(benches, key_hash, keep_max, split, winners);
 criterion_main!(benches);
