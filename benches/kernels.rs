@@ -15,7 +15,10 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, DictionaryArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int32Type;
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use idem_core::key::{KeyLayout, KeyRows};
 use idem_core::rng::SplitMix64;
 use idem_core::{DedupSpec, KeepMaxTable, PreparedRows, dedup_batches};
@@ -83,10 +86,17 @@ fn key_columns(shape: &str) -> Vec<&'static str> {
     }
 }
 
-fn key_hash(c: &mut Criterion) {
-    let mut group = c.benchmark_group("key_hash");
+/// A group whose every benchmark handles `ROWS` rows, 10 samples each (the larger inputs
+/// take seconds per sample).
+fn rows_group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(10);
+    group
+}
+
+fn key_hash(c: &mut Criterion) {
+    let mut group = rows_group(c, "key_hash");
     for shape in SHAPES {
         let input = batches(shape, 700_000, 0);
         let schema = input[0].schema();
@@ -133,9 +143,7 @@ fn key_hash(c: &mut Criterion) {
 }
 
 fn keep_max(c: &mut Criterion) {
-    let mut group = c.benchmark_group("keep_max_update");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.sample_size(10);
+    let mut group = rows_group(c, "keep_max_update");
     for shape in SHAPES {
         for (distinct, null_pct) in [(1_000u64, 0), (700_000, 0), (700_000, 10)] {
             let input = batches(shape, distinct, null_pct);
@@ -168,9 +176,7 @@ fn keep_max(c: &mut Criterion) {
 }
 
 fn split(c: &mut Criterion) {
-    let mut group = c.benchmark_group("split");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.sample_size(10);
+    let mut group = rows_group(c, "split");
     for shape in SHAPES {
         let input = batches(shape, 700_000, 0);
         let spec = DedupSpec::new(key_columns(shape), ["lsn"]);
@@ -200,9 +206,7 @@ fn split(c: &mut Criterion) {
 }
 
 fn winners(c: &mut Criterion) {
-    let mut group = c.benchmark_group("winners");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.sample_size(10);
+    let mut group = rows_group(c, "winners");
     for distinct in [1_000u64, 700_000] {
         let input = batches("string+int", distinct, 0);
         let spec = DedupSpec::new(key_columns("string+int"), ["lsn"]);
