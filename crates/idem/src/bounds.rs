@@ -370,7 +370,8 @@ mod tests {
     use std::sync::Arc;
 
     use arrow::array::{
-        BinaryArray, Int64Array, LargeStringArray, RecordBatch, StringArray, StringViewArray,
+        BinaryArray, BinaryViewArray, Int64Array, LargeBinaryArray, LargeStringArray, RecordBatch,
+        StringArray, StringViewArray,
     };
     use parquet::file::properties::WriterProperties;
 
@@ -478,12 +479,29 @@ mod tests {
                 })
                 .collect();
             let mut bounds = ChunkBounds::default();
+            let mut nulls = 0;
             for batch in &batches {
-                bounds.observe_values(batch.iter().map(Vec::as_slice));
+                // Every layout (offsets of both widths, views), with nulls among the values.
+                let with_nulls: Vec<Option<&[u8]>> = batch
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, value)| {
+                        let null = (i % 3 == round % 3).then_some(None);
+                        null.into_iter().chain([Some(value.as_slice())])
+                    })
+                    .collect();
+                nulls += with_nulls.iter().filter(|v| v.is_none()).count();
+                let array: ArrayRef = match round % 3 {
+                    0 => Arc::new(BinaryArray::from(with_nulls)),
+                    1 => Arc::new(LargeBinaryArray::from(with_nulls)),
+                    _ => Arc::new(BinaryViewArray::from(with_nulls)),
+                };
+                bounds.observe(array.as_ref());
             }
             let all = batches.iter().flatten();
             assert_eq!(bounds.min.as_ref(), all.clone().min(), "round {round}");
             assert_eq!(bounds.max.as_ref(), all.clone().max(), "round {round}");
+            assert_eq!(bounds.nulls, nulls as u64, "round {round}");
             let bytes: usize = all.map(Vec::len).sum();
             assert_eq!(bounds.value_bytes, bytes as i64, "round {round}");
         }
