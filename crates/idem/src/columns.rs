@@ -4,7 +4,9 @@
 //! `ArrowWriter` does them one column after another on the calling thread. This writer
 //! makes the same calls — each batch's column into that column's writer, row groups closed
 //! at the same rows — on two threads, so the file holds the same bytes as `ArrowWriter`
-//! would write, only sooner.
+//! would write, only sooner. (With [`ChunkTuning::Adaptive`], each column chunk's
+//! dictionary and codec follow what they did two row groups before: see
+//! [`crate::chunk_settings`].)
 //!
 //! ```text
 //!   write(batch) ──▶ batches in flight [n, n+1, …], in row groups g (ended), g+1 (open)
@@ -29,15 +31,14 @@ use std::thread::JoinHandle;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_writer::{
-    ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
-};
+use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter};
 use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::SchemaDescriptor;
 
 use crate::bounds::{BoundsPlan, FieldWriter};
+use crate::chunk_settings::{ChunkSettings, ChunkTuning};
 use crate::direct::OutputFile;
 
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
@@ -47,6 +48,9 @@ const HELPER_THREADS: usize = 1;
 /// take the costliest field of its own group. Each open group holds a set of column
 /// writers and its compressed pages until it is appended...
 const OPEN_GROUPS: usize = 2;
+// A group's chunk settings come from the group two before it, which must be in the file
+// when the group starts (see `chunk_settings`).
+const _: () = assert!(OPEN_GROUPS <= 2);
 /// ... so a group opens beside another only if that one was handed at most this many
 /// bytes: rows of a few hundred bytes (a 10M dedup's group is ~22 MB) get both threads
 /// on their costliest field, while a group of 2.5 KB rows (~330 MB) has the file to
@@ -102,8 +106,6 @@ struct Shared {
     leaves: Vec<Range<usize>>,
     /// The fields whose statistics are computed here.
     bounds: BoundsPlan,
-    /// Makes each row group's column writers.
-    factory: ArrowRowGroupWriterFactory,
     state: Mutex<Encoding>,
     /// Signalled at every change of `state`: a batch handed out, a task done, the end.
     changed: Condvar,
@@ -125,6 +127,8 @@ struct Encoding {
     groups: VecDeque<Group>,
     /// Row groups appended to the file, `groups[0]`'s number.
     groups_appended: u64,
+    /// Makes each row group's column writers, and learns from the chunks appended.
+    settings: ChunkSettings,
     /// The first error a thread met, for [`ParallelWriter`] to return.
     error: Option<ParquetError>,
     /// Set on an error, or when the writer is dropped: the threads stop.
@@ -167,32 +171,35 @@ enum Done {
 
 impl ParallelWriter {
     /// A writer of `schema` into `file`, with `ArrowWriter`'s metadata (the Arrow schema
-    /// in the footer) and `properties`.
+    /// in the footer) and `properties`, each column chunk's dictionary and codec chosen
+    /// as `tuning` says.
     pub(crate) fn try_new(
         file: OutputFile,
         schema: SchemaRef,
         properties: WriterProperties,
+        tuning: ChunkTuning,
     ) -> Result<Self> {
         let max_row_group_rows = properties
             .max_row_group_row_count()
             .unwrap_or(usize::MAX)
             .max(1);
         let bounds = BoundsPlan::new(&schema, &properties);
-        let (file, factory) =
-            ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties))?
+        let (file, _) =
+            ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties.clone()))?
                 .into_serialized_writer()?;
         let leaves = field_leaves(file.schema_descr(), &schema)?;
+        let settings = ChunkSettings::new(tuning, &file, SchemaRef::clone(&schema), properties);
         let shared = Arc::new(Shared {
             schema,
             leaves,
             bounds,
-            factory,
             state: Mutex::new(Encoding {
                 batches: VecDeque::new(),
                 first_batch: 0,
                 batch_bytes: 0,
                 groups: VecDeque::new(),
                 groups_appended: 0,
+                settings,
                 error: None,
                 stopped: false,
                 finished: false,
@@ -257,7 +264,7 @@ impl ParallelWriter {
     /// Starts the next row group, with its own writers, once fewer than [`OPEN_GROUPS`]
     /// are being encoded and those are small enough to share the file with it.
     fn open_group(&mut self) -> Result<()> {
-        let state = self.shared.work_until(|state| {
+        let mut state = self.shared.work_until(|state| {
             state.groups.is_empty()
                 || (state.groups.len() < OPEN_GROUPS
                     && state.groups.iter().all(|g| g.bytes <= SHARED_GROUP_BYTES))
@@ -266,11 +273,15 @@ impl ParallelWriter {
         // batches and opens groups, and appending a group moves one into the other.
         let index = state.groups_appended + state.groups.len() as u64;
         let first_batch = state.handed_out();
-        drop(state);
         let index = usize::try_from(index)
             .map_err(|_| ParquetError::General("too many row groups".to_owned()))?;
+        // Under the lock: the settings learn from groups appended by any thread. At most
+        // one group is being encoded now, so group `index - 2`, which they are chosen
+        // from, is in the file.
+        let writers = state.settings.column_writers(index)?;
+        drop(state);
         let fields = split_by_field(
-            self.shared.factory.create_column_writers(index)?,
+            writers,
             &self.shared.leaves,
             &self.shared.schema,
             &self.shared.bounds,
@@ -583,15 +594,19 @@ impl Encoding {
             return None;
         }
         let oldest = self.groups.pop_front()?;
+        let chunks: Vec<ArrowColumnChunk> = oldest
+            .fields
+            .into_iter()
+            .filter_map(|field| field.chunks)
+            .flatten()
+            .collect();
+        if let Ok(number) = usize::try_from(self.groups_appended) {
+            for (leaf, chunk) in chunks.iter().enumerate() {
+                self.settings.observe(number, leaf, chunk);
+            }
+        }
         self.groups_appended += 1;
-        Some(
-            oldest
-                .fields
-                .into_iter()
-                .filter_map(|field| field.chunks)
-                .flatten()
-                .collect(),
-        )
+        Some(chunks)
     }
 
     fn fail(&mut self, error: ParquetError) {
@@ -677,7 +692,9 @@ pub(crate) mod tests {
         let schema = batches[0].schema();
         if parallel {
             let file = OutputFile::create(path).expect("create");
-            let mut writer = ParallelWriter::try_new(file, schema, properties).expect("writer");
+            let mut writer =
+                ParallelWriter::try_new(file, schema, properties, ChunkTuning::AsConfigured)
+                    .expect("writer");
             for b in batches {
                 writer.write(b).expect("write");
             }
@@ -795,6 +812,134 @@ pub(crate) mod tests {
         );
     }
 
+    /// A batch of `rows` rows from `start`: `noise`, integers a delta encoding cannot
+    /// pack nor zstd shrink; `kind`, text of four values.
+    fn noise_and_kinds(start: u64, rows: u64) -> RecordBatch {
+        let noise: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (start..start + rows).map(|i| splitmix64(i) as i64),
+        ));
+        let kinds: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (start..start + rows)
+                .map(|i| ["created", "paid", "shipped", "refunded"][(i % 4) as usize]),
+        ));
+        RecordBatch::try_from_iter([("noise", noise), ("kind", kinds)]).expect("batch")
+    }
+
+    /// SplitMix64's output function: consecutive inputs give unrelated outputs.
+    fn splitmix64(i: u64) -> u64 {
+        let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Per row group, per column: (has a dictionary page, codec).
+    fn chunk_layout(path: &std::path::Path) -> Vec<Vec<(bool, parquet::basic::Compression)>> {
+        use parquet::file::reader::FileReader;
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(File::open(path).expect("open"))
+                .expect("reader");
+        reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|group| {
+                group
+                    .columns()
+                    .iter()
+                    .map(|c| (c.dictionary_page_offset().is_some(), c.compression()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_column_drops_the_dictionary_and_zstd_that_do_not_pay_and_keeps_those_that_do() {
+        use parquet::basic::{Compression, ZstdLevel};
+        let group_rows = 10_000;
+        let batches: Vec<RecordBatch> = (0..8).map(|i| noise_and_kinds(i * 8192, 8192)).collect();
+        let schema = batches[0].schema();
+        let properties = writer_properties(&schema)
+            .expect("properties")
+            .into_builder()
+            .set_max_row_group_row_count(Some(group_rows))
+            .build();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.parquet");
+        let write = || {
+            let file = OutputFile::create(&path).expect("create");
+            let mut writer = ParallelWriter::try_new(
+                file,
+                Arc::clone(&schema),
+                properties.clone(),
+                ChunkTuning::Adaptive,
+            )
+            .expect("writer");
+            for b in &batches {
+                writer.write(b).expect("write");
+            }
+            writer.close().expect("close");
+            std::fs::read(&path).expect("read")
+        };
+        let first = write();
+        let zstd = Compression::ZSTD(ZstdLevel::default());
+        let layout = chunk_layout(&path);
+        assert_eq!(layout.len(), 7);
+        for (group, columns) in layout.iter().enumerate() {
+            let noise = match group {
+                // As configured: the 64 KiB dictionary fills (10,000 distinct values).
+                0 | 1 => (true, zstd),
+                // Without the dictionary, zstd saves nothing on the deltas...
+                2 | 3 => (false, zstd),
+                // ... so they are stored as they are.
+                _ => (false, Compression::UNCOMPRESSED),
+            };
+            assert_eq!(columns[0], noise, "noise, group {group}");
+            assert_eq!(columns[1], (true, zstd), "kind, group {group}");
+        }
+        // The settings follow the rows, not the threads' timing: the same bytes again.
+        for round in 0..3 {
+            assert!(write() == first, "round {round}");
+        }
+        let read: Vec<RecordBatch> =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+                File::open(&path).expect("open"),
+                100_000,
+            )
+            .expect("reader")
+            .collect::<std::result::Result<_, _>>()
+            .expect("batches");
+        assert_eq!(
+            arrow::compute::concat_batches(&schema, &read).expect("concat"),
+            arrow::compute::concat_batches(&schema, &batches).expect("concat")
+        );
+    }
+
+    #[test]
+    fn as_configured_every_chunk_keeps_the_properties_settings() {
+        use parquet::basic::{Compression, ZstdLevel};
+        let batches: Vec<RecordBatch> = (0..8).map(|i| noise_and_kinds(i * 8192, 8192)).collect();
+        let schema = batches[0].schema();
+        let properties = writer_properties(&schema)
+            .expect("properties")
+            .into_builder()
+            .set_max_row_group_row_count(Some(10_000))
+            .build();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.parquet");
+        let serial = written(
+            &path,
+            &batches,
+            chunk_statistics_by_writer(&properties, &schema),
+            false,
+        );
+        assert!(written(&path, &batches, properties, true) == serial);
+        let zstd = Compression::ZSTD(ZstdLevel::default());
+        for columns in chunk_layout(&path) {
+            assert_eq!(columns, vec![(true, zstd), (true, zstd)]);
+        }
+    }
+
     #[test]
     fn a_writer_dropped_unclosed_stops_its_threads() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -803,6 +948,7 @@ pub(crate) mod tests {
             OutputFile::create(&dir.path().join("dropped.parquet")).expect("create"),
             b.schema(),
             writer_properties(&b.schema()).expect("properties"),
+            ChunkTuning::Adaptive,
         )
         .expect("writer");
         writer.write(&b).expect("write");
@@ -819,6 +965,7 @@ pub(crate) mod tests {
             OutputFile::create(&path).expect("create"),
             Arc::clone(&schema),
             writer_properties(&schema).expect("properties"),
+            ChunkTuning::Adaptive,
         )
         .expect("writer")
         .close()

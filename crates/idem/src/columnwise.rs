@@ -31,6 +31,7 @@ use parquet::arrow::arrow_writer::ArrowColumnChunk;
 use parquet::file::properties::WriterProperties;
 
 use crate::bounds::{BoundsPlan, FieldWriter};
+use crate::chunk_settings::{ChunkSettings, ChunkTuning};
 use crate::columns::{field_leaves, split_by_field};
 use crate::decide::Selection;
 use crate::direct::OutputFile;
@@ -79,10 +80,13 @@ pub(crate) fn write_part(
         .max(1) as u64;
     let file = OutputFile::create(path).map_err(Error::io(path))?;
     let bounds = BoundsPlan::new(schema, &properties);
-    let (mut file, factory) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties))
+    let (mut file, _) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties.clone()))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(Error::parquet(path))?;
     let leaves = field_leaves(file.schema_descr(), schema).map_err(Error::parquet(path))?;
+    // The row-wise writer's settings, so that the file is the same.
+    let mut settings =
+        ChunkSettings::new(ChunkTuning::Adaptive, &file, Arc::clone(schema), properties);
     let last_row = first_row.saturating_add(max_rows);
     let mut start = first_row;
     let mut group = 0;
@@ -91,10 +95,11 @@ pub(crate) fn write_part(
         if end == start {
             break;
         }
-        let writers = factory
-            .create_column_writers(group)
+        let writers = settings
+            .column_writers(group)
             .map_err(Error::parquet(path))?;
         let mut row_group = file.next_row_group().map_err(Error::parquet(path))?;
+        let mut leaf = 0;
         encode_group(
             path,
             schema,
@@ -103,6 +108,8 @@ pub(crate) fn write_part(
             &*source,
             &mut |chunks| {
                 for chunk in chunks {
+                    settings.observe(group, leaf, &chunk);
+                    leaf += 1;
                     chunk
                         .append_to_row_group(&mut row_group)
                         .map_err(Error::parquet(path))?;

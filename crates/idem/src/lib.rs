@@ -22,6 +22,7 @@
 //! ```
 
 mod bounds;
+mod chunk_settings;
 #[cfg(feature = "ballista")]
 pub mod cluster;
 mod columns;

@@ -38,6 +38,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::bounds::set_text_statistics;
+use crate::chunk_settings::ChunkTuning;
 use crate::columns::ParallelWriter;
 use crate::columnwise::{self, ColumnSource};
 use crate::direct::OutputFile;
@@ -260,7 +261,12 @@ impl OutputWriter {
         let file = OutputFile::create(&path).map_err(Error::io(&path))?;
         let writer = writer_properties(&self.schema)
             .and_then(|properties| {
-                ParallelWriter::try_new(file, SchemaRef::clone(&self.schema), properties)
+                ParallelWriter::try_new(
+                    file,
+                    SchemaRef::clone(&self.schema),
+                    properties,
+                    ChunkTuning::Adaptive,
+                )
             })
             .map_err(Error::parquet(&path))?;
         self.writer = Some(writer);
