@@ -814,7 +814,7 @@ pub(crate) mod tests {
 
     /// A batch of `rows` rows from `start`: `noise`, integers a delta encoding cannot
     /// pack nor zstd shrink; `kind`, text of four values.
-    fn noise_and_kinds(start: u64, rows: u64) -> RecordBatch {
+    pub(crate) fn noise_and_kinds(start: u64, rows: u64) -> RecordBatch {
         let noise: ArrayRef = Arc::new(Int64Array::from_iter_values(
             (start..start + rows).map(|i| splitmix64(i) as i64),
         ));

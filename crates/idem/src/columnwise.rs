@@ -583,3 +583,96 @@ fn concat_arrays(parts: &[ArrayRef], data_type: &DataType, path: &Path) -> Resul
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, RecordBatch};
+    use arrow::compute::concat_batches;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+    use crate::chunk_settings::ChunkTuning;
+    use crate::columns::ParallelWriter;
+    use crate::columns::tests::noise_and_kinds;
+    use crate::output::writer_properties;
+
+    /// The rows of one batch, served a field at a time.
+    struct InMemory(RecordBatch);
+
+    impl ColumnSource for InMemory {
+        fn prepare(&mut self, rows: Range<u64>) -> Result<u64> {
+            Ok(rows.end.min(self.0.num_rows() as u64))
+        }
+
+        fn fetch(&self, field: usize, rows: Range<u64>) -> Result<Vec<ArrayRef>> {
+            let start = rows.start as usize;
+            Ok(vec![
+                self.0
+                    .column(field)
+                    .slice(start, (rows.end - rows.start) as usize),
+            ])
+        }
+    }
+
+    #[test]
+    fn many_row_groups_with_adapted_chunks_come_out_as_the_row_wise_writer_writes_them() {
+        let batches: Vec<RecordBatch> = (0..14)
+            .map(|i| noise_and_kinds(i * WRITE_CHUNK_ROWS as u64, WRITE_CHUNK_ROWS as u64))
+            .collect();
+        let schema = batches[0].schema();
+        // Two write chunks a group: seven groups, the later ones without the noise's
+        // dictionary and then without its zstd.
+        let properties = || -> WriterProperties {
+            writer_properties(&schema)
+                .expect("properties")
+                .into_builder()
+                .set_max_row_group_row_count(Some(2 * WRITE_CHUNK_ROWS))
+                .build()
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let row_wise = dir.path().join("rows.parquet");
+        let mut writer = ParallelWriter::try_new(
+            OutputFile::create(&row_wise).expect("create"),
+            Arc::clone(&schema),
+            properties(),
+            ChunkTuning::Adaptive,
+        )
+        .expect("writer");
+        for batch in &batches {
+            writer.write(batch).expect("write");
+        }
+        writer.close().expect("close");
+
+        let column_wise = dir.path().join("columns.parquet");
+        let mut source = InMemory(concat_batches(&schema, &batches).expect("concat"));
+        let rows = write_part(
+            &column_wise,
+            &schema,
+            properties(),
+            0,
+            u64::MAX,
+            &mut source,
+            &mut |_| {},
+        )
+        .expect("write part");
+        assert_eq!(rows, 14 * WRITE_CHUNK_ROWS as u64);
+        let read = |path: &Path| std::fs::read(path).expect("read");
+        assert!(read(&row_wise) == read(&column_wise), "the same bytes");
+
+        use parquet::file::reader::FileReader;
+        let reader = parquet::file::reader::SerializedFileReader::new(
+            std::fs::File::open(&column_wise).expect("open"),
+        )
+        .expect("reader");
+        let codecs: Vec<_> = reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|group| group.column(0).compression())
+            .collect();
+        assert_eq!(codecs.len(), 7);
+        assert_eq!(codecs[6], parquet::basic::Compression::UNCOMPRESSED);
+    }
+}
