@@ -96,12 +96,10 @@ impl ChunkSetting {
     fn next(self, outcome: ChunkOutcome) -> Self {
         let zstd_pays = outcome.saved.is_none_or(|saved| saved >= MIN_ZSTD_SAVING);
         match self {
-            Self::Configured if outcome.dictionary && !outcome.fell_back => Self::Configured,
-            Self::Configured if outcome.dictionary => Self::NoDictionary,
+            Self::Configured if outcome.dictionary && outcome.fell_back => Self::NoDictionary,
+            Self::Configured if outcome.dictionary => Self::Configured,
             Self::Configured | Self::NoDictionary if !zstd_pays => Self::Raw,
-            Self::Configured => Self::Configured,
-            Self::NoDictionary => Self::NoDictionary,
-            Self::Raw => Self::Raw,
+            kept => kept,
         }
     }
 }
@@ -125,10 +123,10 @@ pub(crate) enum ChunkTuning {
     AsConfigured,
 }
 
-/// Makes each row group's column writers, with the settings each column has earned.
+/// Chooses each row group's column settings, from what each column's chunks earned.
 pub(crate) struct ChunkSettings {
     tuning: ChunkTuning,
-    properties: WriterProperties,
+    properties: WriterPropertiesPtr,
     root: TypePtr,
     arrow_schema: SchemaRef,
     leaf_paths: Vec<ColumnPath>,
@@ -157,7 +155,7 @@ impl ChunkSettings {
         let descriptor = file.schema_descr();
         Self {
             tuning,
-            properties,
+            properties: Arc::new(properties),
             root: descriptor.root_schema_ptr(),
             arrow_schema,
             leaf_paths: descriptor
@@ -191,16 +189,14 @@ impl ChunkSettings {
         }
     }
 
-    /// The column writers of row group `number`, in file column order.
-    ///
-    /// # Errors
-    /// As the Parquet writer's, for a schema or properties it cannot write.
-    pub(crate) fn column_writers(&mut self, number: usize) -> Result<Vec<ArrowColumnWriter>> {
+    /// Starts row group `number`: chooses and records its columns' settings. Cheap, so
+    /// that a writer can call it under its lock and make the writers after.
+    pub(crate) fn start_group(&mut self, number: usize) -> GroupWriters {
         let settings = self.settings_for(number);
         let properties = if settings.iter().all(|s| *s == ChunkSetting::Configured) {
-            self.properties.clone()
+            Arc::clone(&self.properties)
         } else {
-            let mut builder = self.properties.clone().into_builder();
+            let mut builder = (*self.properties).clone().into_builder();
             for (path, setting) in self.leaf_paths.iter().zip(&settings) {
                 if *setting != ChunkSetting::Configured {
                     builder = builder.set_column_dictionary_enabled(path.clone(), false);
@@ -210,22 +206,20 @@ impl ChunkSettings {
                         builder.set_column_compression(path.clone(), Compression::UNCOMPRESSED);
                 }
             }
-            builder.build()
+            Arc::new(builder.build())
         };
-        // The factory takes its properties from a file writer; the chunks it makes are
-        // appended to the real file, which records each chunk's own codec and encodings.
-        let properties: WriterPropertiesPtr = Arc::new(properties);
-        let template =
-            SerializedFileWriter::<Sink>::new(std::io::sink(), Arc::clone(&self.root), properties)?;
-        let writers = ArrowRowGroupWriterFactory::new(&template, Arc::clone(&self.arrow_schema))
-            .create_column_writers(number)?;
         let leaves = settings.len();
         self.recent[number % 2] = Some(GroupRecord {
             number,
             settings,
             outcomes: vec![None; leaves],
         });
-        Ok(writers)
+        GroupWriters {
+            number,
+            properties,
+            root: Arc::clone(&self.root),
+            arrow_schema: Arc::clone(&self.arrow_schema),
+        }
     }
 
     /// Records the written chunk of leaf column `leaf` in row group `number`.
@@ -236,6 +230,29 @@ impl ChunkSettings {
         {
             *outcome = Some(ChunkOutcome::of(&chunk.close().metadata));
         }
+    }
+}
+
+/// What makes one row group's column writers, with the settings chosen for it.
+pub(crate) struct GroupWriters {
+    number: usize,
+    properties: WriterPropertiesPtr,
+    root: TypePtr,
+    arrow_schema: SchemaRef,
+}
+
+impl GroupWriters {
+    /// The row group's column writers, in file column order.
+    ///
+    /// # Errors
+    /// As the Parquet writer's, for a schema or properties it cannot write.
+    pub(crate) fn column_writers(self) -> Result<Vec<ArrowColumnWriter>> {
+        // The factory takes its properties from a file writer; the chunks it makes are
+        // appended to the real file, which records each chunk's own codec and encodings.
+        let template =
+            SerializedFileWriter::<Sink>::new(std::io::sink(), self.root, self.properties)?;
+        ArrowRowGroupWriterFactory::new(&template, self.arrow_schema)
+            .create_column_writers(self.number)
     }
 }
 
@@ -269,7 +286,10 @@ mod tests {
         let raw = outcome(false, false, Some(0.0));
         let mut seen = Vec::new();
         for number in 0..REPROBE_GROUPS + 4 {
-            settings.column_writers(number).expect("writers");
+            settings
+                .start_group(number)
+                .column_writers()
+                .expect("writers");
             let record = settings.recent[number % 2].as_mut().expect("record");
             seen.push(record.settings[0]);
             record.outcomes[0] = Some(match record.settings[0] {

@@ -127,7 +127,7 @@ struct Encoding {
     groups: VecDeque<Group>,
     /// Row groups appended to the file, `groups[0]`'s number.
     groups_appended: u64,
-    /// Makes each row group's column writers, and learns from the chunks appended.
+    /// Chooses each row group's column settings, and learns from the chunks appended.
     settings: ChunkSettings,
     /// The first error a thread met, for [`ParallelWriter`] to return.
     error: Option<ParquetError>,
@@ -277,11 +277,11 @@ impl ParallelWriter {
             .map_err(|_| ParquetError::General("too many row groups".to_owned()))?;
         // Under the lock: the settings learn from groups appended by any thread. At most
         // one group is being encoded now, so group `index - 2`, which they are chosen
-        // from, is in the file.
-        let writers = state.settings.column_writers(index)?;
+        // from, is in the file. The writers are made after, without it.
+        let group = state.settings.start_group(index);
         drop(state);
         let fields = split_by_field(
-            writers,
+            group.column_writers()?,
             &self.shared.leaves,
             &self.shared.schema,
             &self.shared.bounds,

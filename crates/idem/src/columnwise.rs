@@ -96,7 +96,8 @@ pub(crate) fn write_part(
             break;
         }
         let writers = settings
-            .column_writers(group)
+            .start_group(group)
+            .column_writers()
             .map_err(Error::parquet(path))?;
         let mut row_group = file.next_row_group().map_err(Error::parquet(path))?;
         let mut leaf = 0;
