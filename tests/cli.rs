@@ -12,6 +12,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Int32Type, Int64Type};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::Compression;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -163,17 +164,54 @@ fn running_twice_changes_nothing_and_output_is_deterministic() {
 }
 
 /// f(f(x)) = f(x) byte for byte on an input large enough that Parquet dictionaries
-/// overflow and pages fill, where the input's batching could otherwise leak into the bytes.
+/// overflow and pages fill, where the input's batching could otherwise leak into the bytes,
+/// and with enough row groups that the writer has changed its mind about some column
+/// chunks' dictionary and codec (it decides from the chunks two row groups before).
 #[test]
 fn running_twice_is_byte_identical_on_generated_data() {
     let dir = TempDir::new().expect("tmp");
-    let input = generate(dir.path(), &["--rows", "150000", "--files", "3"]);
+    let input = generate(dir.path(), &["--rows", "1000000", "--files", "4"]);
     let once = dir.path().join("once.parquet");
+    let again = dir.path().join("again.parquet");
     let twice = dir.path().join("twice.parquet");
     dedup_ok(&[p(&input), "-o", p(&once), "--op", "op"]);
+    dedup_ok(&[p(&input), "-o", p(&again), "--op", "op"]);
     let stats = dedup_ok(&[p(&once), "-o", p(&twice), "--op", "op"]);
     assert_eq!(stats["rows_in"], stats["rows_out"]);
-    assert!(std::fs::read(&once).expect("once") == std::fs::read(&twice).expect("twice"));
+    let bytes = std::fs::read(&once).expect("once");
+    assert!(bytes == std::fs::read(&again).expect("again"));
+    assert!(bytes == std::fs::read(&twice).expect("twice"));
+
+    // Without a chunk that left the first row group's settings, the test above would not
+    // cover the adapted writer.
+    let file = std::fs::File::open(&once).expect("open");
+    let metadata = ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .metadata()
+        .clone();
+    let groups = metadata.row_groups();
+    assert!(groups.len() >= 5, "{} row groups", groups.len());
+    let settings = |group: usize| {
+        groups[group]
+            .columns()
+            .iter()
+            .map(|c| (c.compression(), c.dictionary_page_offset().is_some()))
+            .collect::<Vec<_>>()
+    };
+    let first = settings(0);
+    assert!(
+        first
+            .iter()
+            .all(|&(codec, _)| codec != Compression::UNCOMPRESSED)
+    );
+    let (mut dictionary_dropped, mut codec_dropped) = (false, false);
+    for group in 1..groups.len() {
+        for (&(codec, dictionary), &(_, first_dictionary)) in settings(group).iter().zip(&first) {
+            dictionary_dropped |= first_dictionary && !dictionary;
+            codec_dropped |= codec == Compression::UNCOMPRESSED;
+        }
+    }
+    assert!(dictionary_dropped && codec_dropped);
 }
 
 /// A memory limit far below what the keep-max table needs makes pass 1 run in key
