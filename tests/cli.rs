@@ -185,11 +185,8 @@ fn running_twice_is_byte_identical_on_generated_data() {
     // Without a chunk that left the first row group's settings, the test above would not
     // cover the adapted writer.
     let file = std::fs::File::open(&once).expect("open");
-    let metadata = ParquetRecordBatchReaderBuilder::try_new(file)
-        .expect("parquet")
-        .metadata()
-        .clone();
-    let groups = metadata.row_groups();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet");
+    let groups = reader.metadata().row_groups();
     assert!(groups.len() >= 5, "{} row groups", groups.len());
     let settings = |group: usize| {
         groups[group]
