@@ -834,7 +834,9 @@ pub(crate) mod tests {
     }
 
     /// Per row group, per column: (has a dictionary page, codec).
-    fn chunk_layout(path: &std::path::Path) -> Vec<Vec<(bool, parquet::basic::Compression)>> {
+    pub(crate) fn chunk_layout(
+        path: &std::path::Path,
+    ) -> Vec<Vec<(bool, parquet::basic::Compression)>> {
         use parquet::file::reader::FileReader;
         let reader =
             parquet::file::reader::SerializedFileReader::new(File::open(path).expect("open"))
