@@ -33,7 +33,7 @@ use parquet::arrow::arrow_writer::{
 use parquet::basic::{Compression, Encoding, PageType};
 use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
-use parquet::file::properties::{WriterProperties, WriterPropertiesPtr};
+use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnPath, TypePtr};
 
@@ -134,28 +134,18 @@ pub(crate) struct ChunkSettings {
     recent: [Option<GroupRecord>; 2],
 }
 
-impl std::fmt::Debug for ChunkSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkSettings")
-            .field("tuning", &self.tuning)
-            .field("recent", &self.recent)
-            .finish()
-    }
-}
-
 impl ChunkSettings {
-    /// Settings for the row groups of `file` (whose Parquet schema they take), written
-    /// from batches of `arrow_schema` with `properties`.
+    /// Settings for the row groups of `file` (whose Parquet schema and writer properties
+    /// they take), written from batches of `arrow_schema`.
     pub(crate) fn new<W: std::io::Write + Send>(
         tuning: ChunkTuning,
         file: &SerializedFileWriter<W>,
         arrow_schema: SchemaRef,
-        properties: WriterProperties,
     ) -> Self {
         let descriptor = file.schema_descr();
         Self {
             tuning,
-            properties: Arc::new(properties),
+            properties: Arc::clone(file.properties()),
             root: descriptor.root_schema_ptr(),
             arrow_schema,
             leaf_paths: descriptor
@@ -277,12 +267,12 @@ mod tests {
         let file = parquet::arrow::ArrowWriter::try_new(
             std::io::sink(),
             Arc::clone(&schema),
-            Some(properties.clone()),
+            Some(properties),
         )
         .and_then(parquet::arrow::ArrowWriter::into_serialized_writer)
         .expect("writer")
         .0;
-        let mut settings = ChunkSettings::new(ChunkTuning::Adaptive, &file, schema, properties);
+        let mut settings = ChunkSettings::new(ChunkTuning::Adaptive, &file, schema);
         let raw = outcome(false, false, Some(0.0));
         let mut seen = Vec::new();
         for number in 0..REPROBE_GROUPS + 4 {

@@ -184,11 +184,10 @@ impl ParallelWriter {
             .unwrap_or(usize::MAX)
             .max(1);
         let bounds = BoundsPlan::new(&schema, &properties);
-        let (file, _) =
-            ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties.clone()))?
-                .into_serialized_writer()?;
+        let (file, _) = ArrowWriter::try_new(file, SchemaRef::clone(&schema), Some(properties))?
+            .into_serialized_writer()?;
         let leaves = field_leaves(file.schema_descr(), &schema)?;
-        let settings = ChunkSettings::new(tuning, &file, SchemaRef::clone(&schema), properties);
+        let settings = ChunkSettings::new(tuning, &file, SchemaRef::clone(&schema));
         let shared = Arc::new(Shared {
             schema,
             leaves,

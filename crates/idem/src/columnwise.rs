@@ -80,13 +80,12 @@ pub(crate) fn write_part(
         .max(1) as u64;
     let file = OutputFile::create(path).map_err(Error::io(path))?;
     let bounds = BoundsPlan::new(schema, &properties);
-    let (mut file, _) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties.clone()))
+    let (mut file, _) = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(Error::parquet(path))?;
     let leaves = field_leaves(file.schema_descr(), schema).map_err(Error::parquet(path))?;
     // The row-wise writer's settings, so that the file is the same.
-    let mut settings =
-        ChunkSettings::new(ChunkTuning::Adaptive, &file, Arc::clone(schema), properties);
+    let mut settings = ChunkSettings::new(ChunkTuning::Adaptive, &file, Arc::clone(schema));
     let last_row = first_row.saturating_add(max_rows);
     let mut start = first_row;
     let mut group = 0;
