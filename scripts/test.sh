@@ -2,7 +2,7 @@
 # The whole test suite, from nothing: formatting, lints, unit / property / end-to-end tests,
 # the object-storage tests against a real S3-compatible server, and the check of idem's
 # output against DuckDB on generated data, and the Delta interop check. It installs what the
-# tests need (DuckDB, moto and deltalake from PyPI, in a virtualenv outside the clone; Debian's
+# tests need (DuckDB, moto, deltalake, pyarrow and Polars from PyPI, in a virtualenv outside the clone; Debian's
 # chromium for the report's browser test), starts moto's S3 server on a free loopback
 # port for the duration of the tests, and stops it on exit.
 set -euo pipefail
@@ -11,9 +11,10 @@ target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 venv="${IDEM_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/idem-test-venv}"
 
 echo "== test tools (virtualenv $venv)"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.server, deltalake' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb, moto.server, deltalake, pyarrow, polars' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5' 'deltalake==1.6.6'
+  "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==2.0.1' 'moto[server]==5.2.5' \
+    'deltalake==1.6.6' 'pyarrow==26.0.1' 'polars==2.1.0'
 fi
 
 echo "== browser (Debian chromium, for the HTML report test)"
@@ -57,3 +58,6 @@ echo "== DuckDB equivalence"
 
 echo "== Delta interop (tables written by idem merge, read by delta-rs)"
 "$venv/bin/python" tests/delta_interop.py "$target_dir/debug/idem"
+
+echo "== Delta types (every accepted Arrow type merged, read back by delta-rs and Polars)"
+"$venv/bin/python" tests/delta_types.py "$target_dir/debug/idem"

@@ -99,20 +99,30 @@ impl Model {
     }
 }
 
+/// The batches of each active file (`_delta_log/*.json` replayed).
+fn active_batches(table: &Path) -> Vec<(String, Vec<RecordBatch>)> {
+    read_log_files(table)
+        .into_iter()
+        .map(|file| {
+            let batches = ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(table.join(&file)).expect("active file exists"),
+            )
+            .expect("parquet")
+            .build()
+            .expect("reader")
+            .map(|batch| batch.expect("batch"))
+            .collect();
+            (file, batches)
+        })
+        .collect()
+}
+
 /// The table's rows, read the way any Delta reader does: replay `_delta_log/*.json` for
 /// the active files, read them. Panics on a duplicated key or a missing file.
 fn read_table(table: &Path) -> BTreeMap<Key, Row> {
-    let active = read_log_files(table);
     let mut rows = BTreeMap::new();
-    for file in active {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(
-            std::fs::File::open(table.join(&file)).expect("active file exists"),
-        )
-        .expect("parquet")
-        .build()
-        .expect("reader");
-        for batch in reader {
-            let batch = batch.expect("batch");
+    for (file, batches) in active_batches(table) {
+        for batch in batches {
             let ids = batch
                 .column_by_name("event_id")
                 .expect("event_id")
@@ -933,4 +943,92 @@ fn merge_into_s3_serialises_writers_and_detects_reruns() {
         (stats["rows_in"].as_u64(), stats["input_files"].as_u64()),
         (Some(2000), Some(2))
     );
+}
+
+/// Writes events whose `lsn` is `UInt64`, the natural type of a PostgreSQL LSN.
+fn write_unsigned_events(path: &Path, events: &[(&str, u64, &str)]) {
+    let batch = RecordBatch::try_from_iter([
+        (
+            "event_id",
+            Arc::new(StringArray::from_iter_values(events.iter().map(|e| e.0))) as ArrayRef,
+        ),
+        (
+            "sequence",
+            Arc::new(Int64Array::from_iter_values(events.iter().map(|_| 0))),
+        ),
+        (
+            "lsn",
+            Arc::new(arrow::array::UInt64Array::from_iter_values(
+                events.iter().map(|e| e.1),
+            )),
+        ),
+        (
+            "op",
+            Arc::new(StringArray::from_iter_values(events.iter().map(|e| e.2))),
+        ),
+    ])
+    .expect("batch");
+    write_batch(path, &batch);
+}
+
+/// The table's (event_id → lsn), its `lsn` read as the `decimal(20,0)` the log declares.
+fn read_unsigned_table(table: &Path) -> BTreeMap<String, u64> {
+    let mut rows = BTreeMap::new();
+    for (file, batches) in active_batches(table) {
+        for batch in batches {
+            let ids = batch.column_by_name("event_id").expect("event_id");
+            let lsn = batch.column_by_name("lsn").expect("lsn");
+            assert_eq!(
+                lsn.data_type(),
+                &arrow::datatypes::DataType::Decimal128(20, 0),
+                "{file}"
+            );
+            let lsn = lsn.as_primitive::<arrow::datatypes::Decimal128Type>();
+            for i in 0..batch.num_rows() {
+                let version = u64::try_from(lsn.value(i)).expect("a u64 value");
+                rows.insert(ids.as_string::<i32>().value(i).to_owned(), version);
+            }
+        }
+    }
+    rows
+}
+
+#[test]
+fn unsigned_versions_straddling_two_to_the_63_keep_their_order_across_batches() {
+    const HALF: u64 = 1 << 63;
+    let dir = TempDir::new().expect("tmp");
+    let table = dir.path().join("table");
+    let t = p(&table);
+    let batches = [
+        vec![
+            ("a", HALF - 1, "c"),
+            ("b", HALF + 5, "c"),
+            ("c", HALF - 2, "c"),
+            ("b", HALF - 7, "u"),
+        ],
+        // a moves across 2^63 (newer); b's replay below 2^63 is stale; c is deleted above it.
+        vec![
+            ("a", HALF + 1, "u"),
+            ("b", HALF - 1, "u"),
+            ("c", HALF + 10, "d"),
+        ],
+        // c's late update between its old row and its delete stays deleted; d at u64::MAX.
+        vec![("c", HALF + 3, "u"), ("d", u64::MAX, "c"), ("a", HALF, "u")],
+    ];
+    let expected_counts = [[3, 0, 0, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 1, 1]];
+    let mut paths = Vec::new();
+    for (i, (events, expected)) in batches.iter().zip(expected_counts).enumerate() {
+        let path = dir.path().join(format!("b{i}.parquet"));
+        write_unsigned_events(&path, events);
+        let stats = merge_ok(&[&path], t, &[]);
+        assert_eq!(counts(&stats), expected, "batch {i}: {stats}");
+        paths.push(path);
+    }
+    let expected: BTreeMap<String, u64> = [("a", HALF + 1), ("b", HALF + 5), ("d", u64::MAX)]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
+    assert_eq!(read_unsigned_table(&table), expected);
+    let rerun = merge_ok(&[&paths[1]], t, &[]);
+    assert_eq!(rerun["already_applied"], true, "{rerun}");
+    assert_eq!(read_unsigned_table(&table), expected);
 }

@@ -92,6 +92,17 @@ pub enum Error {
         /// The cause.
         source: Box<deltalake_core::DeltaTableError>,
     },
+    /// A batch column cannot be stored in the target's column type (a type the target has
+    /// no equivalent for, or a value that would change).
+    #[error("{target}: column '{column}': {reason}")]
+    TargetType {
+        /// The table.
+        target: String,
+        /// The column.
+        column: String,
+        /// What does not fit, naming the type or the value.
+        reason: String,
+    },
     /// The options contradict each other or the input.
     #[error("{0}")]
     InvalidArgument(String),

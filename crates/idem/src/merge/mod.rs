@@ -25,6 +25,7 @@ mod partition;
 mod rewrite;
 mod table;
 mod tombstones;
+mod types;
 mod vacuum;
 
 pub(crate) use table::table_files;
@@ -236,8 +237,15 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
             ..MergeReport::default()
         });
     }
+    let table_columns = match &loaded {
+        Some(delta) => Some(table_schema(
+            &table,
+            delta.snapshot().map_err(|e| table.error(e))?,
+        )?),
+        None => None,
+    };
     drop((files, loaded));
-    let (batch, stats, inputs) = read_batch(job, &table, progress)?;
+    let (batch, stats, inputs) = read_batch(job, &table, table_columns.as_deref(), progress)?;
     let mut report = MergeReport {
         table: job.table.clone(),
         rows_in: stats.rows_in,
@@ -275,10 +283,13 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
     )))
 }
 
-/// Dedups the batch's files with tombstones kept, and indexes the winners.
+/// Dedups the batch's files with tombstones kept, converts the winners to the types the
+/// table stores (`table_columns`, or the mapping of [`types`] for a new table), and indexes
+/// them.
 fn read_batch(
     job: &MergeJob,
     table: &Table,
+    table_columns: Option<&Schema>,
     progress: &dyn Progress,
 ) -> Result<(Batch, DedupStats, Vec<FileRows>)> {
     let mut spec = job.spec.clone();
@@ -311,6 +322,14 @@ fn read_batch(
         .collect::<Result<Vec<_>>>()?;
     let rows = concat_batches(&schema, &batches).map_err(Error::arrow(&where_))?;
     drop(batches);
+    // The dedup compared the batch's own types; the conversions are order-preserving and
+    // injective, so the winners stay the winners, and from here on the batch and the
+    // table's rows are compared in one representation.
+    let schema = match table_columns {
+        Some(columns) => types::schema_in_table(&schema, columns, &table.name)?,
+        None => types::stored_schema(&schema, &table.name)?,
+    };
+    let rows = types::to_stored(&rows, &schema, &table.name)?;
     let tombstone = tombstone_mask(&rows, &spec).map_err(Error::arrow(&where_))?;
     let winners =
         KeyedRows::try_new(rows, &spec.keys, &spec.versions).map_err(Error::arrow(&where_))?;

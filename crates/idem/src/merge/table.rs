@@ -178,6 +178,26 @@ impl Table {
                 (schema, stripped.as_slice())
             }
         };
+        super::types::check_stored(&schema, &self.name)?;
+        if let Some(batch) = batches.iter().find(|b| {
+            b.schema()
+                .fields()
+                .iter()
+                .zip(schema.fields())
+                .any(|(a, b)| a.data_type() != b.data_type())
+        }) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: rows of types ({}) do not match the data file's schema",
+                self.name,
+                batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.data_type().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         let staging;
         let local = match &self.files {
             Files::Local(root) => root.join(relative),

@@ -71,6 +71,19 @@ pub(super) fn read_tombstones(
         .collect();
     let expired = live.false_count() as u64;
     let rows = filter_record_batch(&rows, &live).map_err(Error::arrow(&display))?;
+    // Versions compare as encoded bytes, which depend on the type: a state file written
+    // before the batch's columns were stored as the table's types is read in them.
+    let winners = batch.winners.rows().schema();
+    let wanted: Vec<Field> = rows
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match winners.field_with_name(f.name()) {
+            Ok(w) => w.clone(),
+            Err(_) => f.as_ref().clone(),
+        })
+        .collect();
+    let rows = conform(&rows, &Arc::new(Schema::new(wanted)), false, &display)?;
     let rows = KeyedRows::try_new(rows, &batch.spec.keys, &batch.spec.versions)
         .map_err(Error::arrow(&display))?;
     Ok(Tombstones {
