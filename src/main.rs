@@ -914,11 +914,12 @@ fn cluster(command: ClusterCommand) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    idem::quiet_decoder_panics();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Verify(args) => {
             return verify(args).unwrap_or_else(|message| {
-                eprintln!("idem: error: {message}");
+                eprintln!("idem: error: {}", one_line(&message));
                 ExitCode::from(VERIFY_ERROR)
             });
         }
@@ -936,15 +937,46 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("idem: error: {message}");
+            eprintln!("idem: error: {}", one_line(&message));
             ExitCode::FAILURE
         }
     }
 }
 
+/// An error as the one line that schedulers and log scrapers expect: dependencies'
+/// messages may span lines (flatbuffers' verifier lists where it looked) or carry a
+/// backtrace (delta-kernel appends one under `RUST_BACKTRACE`), which is cut off.
+fn one_line(message: &str) -> String {
+    let is_frame = |line: &str| {
+        let line = line.trim_start();
+        line.split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    message
+        .lines()
+        .take_while(|line| !is_frame(line))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{one_line, parse_size};
+
+    #[test]
+    fn errors_print_as_one_line_without_backtraces() {
+        assert_eq!(
+            one_line("t: Json error: bad ':'\n   0: with_backtrace\n             at x.rs:1:2"),
+            "t: Json error: bad ':'"
+        );
+        assert_eq!(
+            one_line("f: a corrupt footer: out of bounds.\n\twhile verifying `schema`\n\n"),
+            "f: a corrupt footer: out of bounds. while verifying `schema`"
+        );
+        assert_eq!(one_line("plain"), "plain");
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

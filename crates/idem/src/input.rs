@@ -20,6 +20,7 @@ use parquet::file::reader::ChunkReader;
 
 use idem_core::DedupSpec;
 
+use crate::decoding::{corrupt, guarded, guarded_iter, load_parquet_metadata};
 use crate::error::{Error, Result};
 use crate::schema::with_views;
 use crate::storage::{Location, RemoteFile, StorageOptions};
@@ -313,11 +314,10 @@ impl InputFile {
             let metadata = match source.stored() {
                 StoredFile::Local(local) => {
                     let file = File::open(local).map_err(Error::io(local))?;
-                    ArrowReaderMetadata::load(&file, options.clone())
+                    load_parquet_metadata(&file, options.clone(), &path)
                 }
-                StoredFile::Remote(remote) => ArrowReaderMetadata::load(remote, options.clone()),
-            }
-            .map_err(Error::parquet(&path))?;
+                StoredFile::Remote(remote) => load_parquet_metadata(remote, options.clone(), &path),
+            }?;
             let num_rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
             let schema = Arc::clone(metadata.schema());
             let views = view_metadata(&metadata, options);
@@ -621,11 +621,14 @@ impl InputFile {
         if let Some(selection) = selection {
             builder = builder.with_row_selection(selection);
         }
-        let reader = builder.build().map_err(Error::parquet(&self.path))?;
+        let reader = guarded(&self.path, || {
+            builder.build().map_err(Error::parquet(&self.path))
+        })?;
         let path = self.path.clone();
-        Ok(Box::new(
+        Ok(Box::new(guarded_iter(
+            self.path.clone(),
             reader.map(move |b| b.map_err(Error::arrow(&path))),
-        ))
+        )))
     }
 }
 
@@ -692,22 +695,84 @@ fn ipc_batches(
     projection: Option<Vec<usize>>,
 ) -> Result<(SchemaRef, Batches)> {
     let path = source.path();
-    let input = source.reader()?;
+    let mut input = source.reader()?;
+    check_ipc_schema(&mut input, stream)
+        .map_err(|problem| corrupt(&path, "Arrow IPC schema", &problem))?;
+    input
+        .seek(std::io::SeekFrom::Start(0))
+        .map_err(Error::io(&path))?;
     let owned = path.clone();
     let to_error = move |e| Error::arrow(&owned)(e);
     if stream {
-        let reader = StreamReader::try_new(input, projection).map_err(Error::arrow(&path))?;
+        let reader = guarded(&path, || {
+            StreamReader::try_new(input, projection).map_err(Error::arrow(&path))
+        })?;
         Ok((
             reader.schema(),
-            Box::new(reader.map(move |b| b.map_err(&to_error))),
+            Box::new(guarded_iter(
+                path.clone(),
+                reader.map(move |b| b.map_err(&to_error)),
+            )),
         ))
     } else {
-        let reader = FileReader::try_new(input, projection).map_err(Error::arrow(&path))?;
+        let reader = guarded(&path, || {
+            FileReader::try_new(input, projection).map_err(Error::arrow(&path))
+        })?;
         Ok((
             reader.schema(),
-            Box::new(reader.map(move |b| b.map_err(&to_error))),
+            Box::new(guarded_iter(
+                path.clone(),
+                reader.map(move |b| b.map_err(&to_error)),
+            )),
         ))
     }
+}
+
+/// Checks the schema of an Arrow IPC file (in its footer) or stream (its first message)
+/// before arrow-ipc decodes it; leaves `input` anywhere.
+fn check_ipc_schema(input: &mut dyn ReadSeek, stream: bool) -> std::result::Result<(), String> {
+    use std::io::SeekFrom;
+    let io = |e: std::io::Error| format!("cannot read it: {e}");
+    let length = |bytes: [u8; 4]| -> std::result::Result<usize, String> {
+        usize::try_from(i32::from_le_bytes(bytes)).map_err(|_| "a negative length".to_owned())
+    };
+    let mut word = [0u8; 4];
+    let (start, size) = if stream {
+        input.read_exact(&mut word).map_err(io)?;
+        if word == [0xff; 4] {
+            input.read_exact(&mut word).map_err(io)?;
+        }
+        (input.stream_position().map_err(io)?, length(word)?)
+    } else {
+        // File layout: ... footer, its i32 length, "ARROW1".
+        let end = input.seek(SeekFrom::End(0)).map_err(io)?;
+        if end < 10 + 8 {
+            return Err("too short for an Arrow IPC file".to_owned());
+        }
+        input.seek(SeekFrom::Start(end - 10)).map_err(io)?;
+        input.read_exact(&mut word).map_err(io)?;
+        let size = length(word)?;
+        let start = (end - 10)
+            .checked_sub(size as u64)
+            .ok_or_else(|| "a footer longer than the file".to_owned())?;
+        (start, size)
+    };
+    let end = input.seek(SeekFrom::End(0)).map_err(io)?;
+    if start + size as u64 > end {
+        return Err("a schema longer than the file".to_owned());
+    }
+    input.seek(SeekFrom::Start(start)).map_err(io)?;
+    let mut bytes = vec![0u8; size];
+    input.read_exact(&mut bytes).map_err(io)?;
+    if stream {
+        return crate::ipc_schema::check_message(&bytes);
+    }
+    let footer =
+        arrow::ipc::root_as_footer(&bytes).map_err(|e| format!("a corrupt footer: {e}"))?;
+    let schema = footer
+        .schema()
+        .ok_or_else(|| "a footer without a schema".to_owned())?;
+    crate::ipc_schema::check_schema(schema)
 }
 
 fn count_rows(batches: impl Iterator<Item = Result<RecordBatch>>) -> Result<u64> {

@@ -28,12 +28,14 @@ pub mod cluster;
 mod columns;
 mod columnwise;
 mod decide;
+mod decoding;
 mod dedup;
 mod direct;
 mod duration;
 mod error;
 pub mod generate;
 pub mod input;
+mod ipc_schema;
 #[cfg(feature = "delta")]
 mod merge;
 pub mod metrics;
@@ -46,6 +48,7 @@ mod state;
 pub mod storage;
 mod verify;
 
+pub use decoding::quiet_decoder_panics;
 pub use dedup::{
     DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, NoProgress, Progress, run_dedup,
 };

@@ -42,7 +42,7 @@ use idem_core::DedupSpec;
 use idem_core::key::{KeyClass, KeyLayout, KeyRows};
 use idem_core::version::VersionLayout;
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
@@ -412,6 +412,20 @@ fn check_compatible(manifest: &Manifest, layouts: &Layouts, dir: &RemoteLocation
 /// The newest manifest, `None` for a new state.
 fn latest_manifest(dir: &RemoteLocation) -> Result<Option<Manifest>> {
     let listed = dir.join("_manifest").list_below()?;
+    // A manifest's name holding other objects is a damaged state (locally, a directory in
+    // its place), not a state without that version: committing it again would fail after
+    // the output is written.
+    if let Some(nested) = listed.iter().find(|o| {
+        o.name
+            .split_once('/')
+            .is_some_and(|(first, _)| first.ends_with(".json"))
+    }) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: '_manifest/{}' is inside a manifest's name: the state is damaged",
+            dir.url(),
+            nested.name
+        )));
+    }
     let Some(latest) = listed
         .iter()
         .filter(|o| o.name.ends_with(".json") && !o.name.contains('/'))
@@ -490,11 +504,16 @@ impl Entries {
                 ))
             })?;
             let path = location.display_path();
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-                .and_then(|b| b.build())
-                .map_err(Error::parquet(&path))?;
-            for batch in reader {
-                let batch = batch.map_err(Error::arrow(&path))?;
+            let metadata =
+                crate::decoding::load_parquet_metadata(&bytes, ArrowReaderOptions::new(), &path)?;
+            let reader = crate::decoding::guarded(&path, || {
+                ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata)
+                    .build()
+                    .map_err(Error::parquet(&path))
+            })?;
+            let batches = reader.map(|batch| batch.map_err(Error::arrow(&path)));
+            for batch in crate::decoding::guarded_iter(path.clone(), batches) {
+                let batch = batch?;
                 entries.append_batch(&batch, &path)?;
             }
         }
