@@ -412,9 +412,10 @@ fn check_compatible(manifest: &Manifest, layouts: &Layouts, dir: &RemoteLocation
 /// The newest manifest, `None` for a new state.
 fn latest_manifest(dir: &RemoteLocation) -> Result<Option<Manifest>> {
     let listed = dir.join("_manifest").list_below()?;
-    // A manifest's name holding other objects is a damaged state (locally, a directory in
-    // its place), not a state without that version: committing it again would fail after
-    // the output is written.
+    // A manifest's name holding other objects is a damaged state (locally, a directory
+    // with files in its place), not a state without that version: committing it again
+    // would fail after the output is written. An empty directory lists as nothing at all
+    // and is not caught here.
     if let Some(nested) = listed.iter().find(|o| {
         o.name
             .split_once('/')
