@@ -413,9 +413,25 @@ fn check_compatible(manifest: &Manifest, layouts: &Layouts, dir: &RemoteLocation
 fn latest_manifest(dir: &RemoteLocation) -> Result<Option<Manifest>> {
     let listed = dir.join("_manifest").list_below()?;
     // A manifest's name holding other objects is a damaged state (locally, a directory
-    // with files in its place), not a state without that version: committing it again
-    // would fail after the output is written. An empty directory lists as nothing at all
-    // and is not caught here.
+    // in its place), not a state without that version: committing it again would fail
+    // after the output is written. A local store lists an empty directory as nothing,
+    // so the directory itself is looked at too.
+    let manifests = dir.join("_manifest");
+    if let Some(local) = url::Url::parse(&manifests.url())
+        .ok()
+        .filter(|u| u.scheme() == "file")
+        .and_then(|u| u.to_file_path().ok())
+        && let Ok(entries) = std::fs::read_dir(&local)
+        && let Some(entry) = entries
+            .flatten()
+            .find(|e| e.file_type().is_ok_and(|t| !t.is_file()))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: '{}' is not a file: the state is damaged",
+            manifests.url(),
+            entry.file_name().to_string_lossy()
+        )));
+    }
     if let Some(nested) = listed.iter().find(|o| {
         o.name
             .split_once('/')
