@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use idem::idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
 use idem::storage::StorageOptions;
-use idem::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, GenerateOptions, Progress};
+use idem::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, GenerateOptions, Progress, error_line, thousands};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// idem: exactly-once results from at-least-once event batches.
@@ -387,6 +387,10 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     idem::parse_duration(text).map_err(|e| e.to_string())
 }
 
+fn parse_size(text: &str) -> Result<u64, String> {
+    idem::parse_size(text).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Args)]
 struct GenerateArgs {
     /// Directory or object-store prefix (s3://bucket/events) to write events-NNNNN.parquet
@@ -457,49 +461,6 @@ impl Progress for Bar {
     }
 }
 
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn summary(report: &DedupReport) -> String {
-    if let Some(state) = report.state.as_ref().filter(|s| s.already_applied) {
-        return format!(
-            "idem: these inputs were already applied to state {} (version {}): nothing to do",
-            state.location, state.version
-        );
-    }
-    let state = report.state.as_ref().map_or_else(String::new, |s| {
-        format!(
-            "; state: {} seen before, {} late, {} evicted then seen, {} keys ({} bytes)",
-            thousands(s.seen_before),
-            thousands(s.late),
-            thousands(s.evicted_then_seen),
-            thousands(s.keys),
-            thousands(s.bytes)
-        )
-    });
-    format!(
-        "idem: {} rows in → {} out ({} duplicates, {} superseded, {} deleted, {} conflicts) from {} files in {:.2} s → {}",
-        thousands(report.stats.rows_in),
-        thousands(report.stats.rows_out),
-        thousands(report.stats.duplicates),
-        thousands(report.stats.superseded),
-        thousands(report.stats.deleted),
-        thousands(report.stats.conflicts),
-        report.input_files,
-        report.elapsed_seconds,
-        report.output
-    ) + &state
-}
-
 /// Writes to stdout; a closed pipe (`idem … --stats - | head`) is not an error.
 fn print_stdout(text: &str) -> Result<(), String> {
     let mut out = std::io::stdout().lock();
@@ -526,7 +487,7 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         spec: args.spec.into_spec(),
         max_rows_per_file: args.max_rows_per_file,
         memory_limit: args.memory_limit,
-        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?,
         state: match (&args.state, &args.time_column, args.retention) {
             (Some(location), Some(time_column), Some(retention)) => Some(idem::StateOptions {
                 location: location.clone(),
@@ -543,7 +504,7 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
         top_keys: args.report_top_keys,
     };
     if args.report.is_some() {
-        idem::check_report(&job, &report_options).map_err(|e| error_chain(&e))?;
+        idem::check_report(&job, &report_options).map_err(|e| error_line(&e))?;
     } else if args.time_column.is_some() && job.state.is_none() {
         return Err("--time-column is for --report or --state".to_owned());
     }
@@ -556,19 +517,19 @@ fn dedup(args: DedupArgs) -> Result<ExitCode, String> {
     #[cfg(not(feature = "ballista"))]
     let result = idem::run_dedup(&job, &bar);
     bar.0.finish_and_clear();
-    let report = result.map_err(|e| error_chain(&e))?;
+    let report = result.map_err(|e| error_line(&e))?;
     if let Some(stats) = &args.stats {
         write_json(stats, &report)?;
     }
     if let Some(path) = &args.metrics {
         idem::metrics::write_metrics(path, &idem::metrics::dedup_metrics(&report))
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| error_line(&e))?;
     }
     if let Some(path) = &args.report {
-        idem::write_report(path, &job, &report, &report_options).map_err(|e| error_chain(&e))?;
+        idem::write_report(path, &job, &report, &report_options).map_err(|e| error_line(&e))?;
     }
     if !args.quiet {
-        eprintln!("{}", summary(&report));
+        eprintln!("{}", report.summary());
     }
     let rate = report.stats.duplicate_rate();
     match args.max_duplicate_rate {
@@ -602,58 +563,31 @@ fn merge(args: MergeArgs) -> Result<ExitCode, String> {
         partition_by: args.partition_by,
         tombstone_retention: args.tombstone_retention,
         max_rows_per_file: args.max_rows_per_file,
-        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?,
         max_attempts: 10,
     };
     let bar = Bar::new(args.quiet);
     let result = idem::run_merge(&job, &bar);
     bar.0.finish_and_clear();
-    let report = result.map_err(|e| error_chain(&e))?;
+    let report = result.map_err(|e| error_line(&e))?;
     if let Some(stats) = &args.stats {
         write_json(stats, &report)?;
     }
     if let Some(path) = &args.metrics {
         idem::metrics::write_metrics(path, &idem::metrics::merge_metrics(&report))
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| error_line(&e))?;
     }
     if !args.quiet {
-        let version = report
-            .table_version
-            .map_or("-".to_owned(), |v| v.to_string());
-        if report.already_applied {
-            eprintln!(
-                "idem: already applied: this batch (fingerprint {}) is in {} as of version {version}; nothing to do",
-                report.fingerprint, report.table
-            );
-        } else {
-            eprintln!(
-                "idem: {} rows in → {} inserted, {} updated, {} deleted, {} stale, {} resurrections blocked; {} files rewritten, {} added; {} {} in {:.2} s",
-                thousands(report.rows_in),
-                thousands(report.inserted),
-                thousands(report.updated),
-                thousands(report.deleted),
-                thousands(report.stale),
-                thousands(report.resurrections_blocked),
-                report.files_removed,
-                report.files_added,
-                if report.committed {
-                    "committed version"
-                } else {
-                    "nothing to commit; table at version"
-                },
-                version,
-                report.elapsed_seconds
-            );
-        }
+        eprintln!("{}", report.summary());
     }
     Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(feature = "delta")]
 fn vacuum(args: VacuumArgs) -> Result<ExitCode, String> {
-    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?;
     let report = idem::run_vacuum(&args.into, args.retention, args.dry_run, &storage)
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|e| error_line(&e))?;
     if args.json {
         write_json("-", &report)?;
     } else {
@@ -681,7 +615,7 @@ fn vacuum(args: VacuumArgs) -> Result<ExitCode, String> {
 
 #[cfg(feature = "sql")]
 fn sql(args: SqlArgs) -> Result<(), String> {
-    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?;
     #[cfg(feature = "ballista")]
     let cluster = args.cluster.as_deref();
     #[cfg(not(feature = "ballista"))]
@@ -694,14 +628,14 @@ fn sql(args: SqlArgs) -> Result<(), String> {
         &storage,
         cluster,
     )
-    .map_err(|e| error_chain(&e))?;
+    .map_err(|e| error_line(&e))?;
     if let Some(path) = &args.metrics {
         let text = idem::metrics::sql_metrics(&run, args.output.as_deref().unwrap_or_default());
-        idem::metrics::write_metrics(path, &text).map_err(|e| error_chain(&e))?;
+        idem::metrics::write_metrics(path, &text).map_err(|e| error_line(&e))?;
     }
     match run.output {
         idem::SqlOutput::Rows(batches) => {
-            print_stdout(&idem::format_table(&batches).map_err(|e| error_chain(&e))?)
+            print_stdout(&idem::format_table(&batches).map_err(|e| error_line(&e))?)
         }
         idem::SqlOutput::Written { files, rows } => {
             eprintln!(
@@ -727,9 +661,9 @@ fn generate(args: GenerateArgs) -> Result<(), String> {
         payload_bytes: args.payload_bytes,
         extra_columns: args.extra_columns,
     };
-    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+    let storage = StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?;
     let generated =
-        idem::generate_to(&options, &args.output, &storage).map_err(|e| error_chain(&e))?;
+        idem::generate_to(&options, &args.output, &storage).map_err(|e| error_line(&e))?;
     eprintln!(
         "idem: wrote {} rows in {} files to {}",
         thousands(generated.rows),
@@ -737,55 +671,6 @@ fn generate(args: GenerateArgs) -> Result<(), String> {
         args.output
     );
     Ok(())
-}
-
-/// Parses a byte size: a number with an optional unit, binary (KiB, MiB, GiB, TiB) or
-/// decimal (KB, MB, GB, TB; K, M, G, T), e.g. `2GiB`, `512MiB`, `1.5G`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (e.g. 2GiB, 512MiB, 1G)"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "t" | "tb" => 1_000_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "unknown size unit '{other}' (KiB, MiB, GiB, KB, MB, GB)"
-            ));
-        }
-    };
-    let bytes = number * scale as f64;
-    if !(1.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(format!("'{text}' is not a usable size"));
-    }
-    Ok(bytes as u64)
-}
-
-/// The error and its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 /// Exit code of `idem verify` for a target that differs.
@@ -800,20 +685,20 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
         spec: args.spec.into_spec(),
         memory_limit: args.memory_limit,
         max_report: args.max_report,
-        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?,
+        storage: StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?,
     };
     let bar = Bar::new(args.quiet);
     let result = idem::run_verify(&job, &bar);
     bar.0.finish_and_clear();
-    let report = result.map_err(|e| error_chain(&e))?;
+    let report = result.map_err(|e| error_line(&e))?;
     if let Some(path) = &args.metrics {
         let text = idem::metrics::verify_metrics(&report, &job.target.join(","));
-        idem::metrics::write_metrics(path, &text).map_err(|e| error_chain(&e))?;
+        idem::metrics::write_metrics(path, &text).map_err(|e| error_line(&e))?;
     }
     if args.json {
         print_stdout(&serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
     } else {
-        print_stdout(&verify_text(&report))?;
+        print_stdout(&report.to_text())?;
     }
     Ok(if report.matches {
         ExitCode::SUCCESS
@@ -822,65 +707,12 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     })
 }
 
-fn verify_text(report: &idem::VerifyReport) -> String {
-    let mut text = format!(
-        "{}: expected {} rows (checksum {}), target has {} (checksum {})\n\
-         matching {}, missing {}, extra {}, duplicated {}, differing {}",
-        if report.matches { "MATCH" } else { "MISMATCH" },
-        thousands(report.expected_rows),
-        report.expected_checksum,
-        thousands(report.target_rows),
-        report.target_checksum,
-        thousands(report.matching_rows),
-        thousands(report.missing_rows),
-        thousands(report.extra_rows),
-        thousands(report.duplicate_rows),
-        thousands(report.differing_rows),
-    );
-    let mut list = |title: &str, items: &[String]| {
-        if !items.is_empty() {
-            text.push_str(&format!("\n{title}:"));
-            for item in items {
-                text.push_str(&format!("\n  {item}"));
-            }
-        }
-    };
-    list("columns missing from the target", &report.missing_columns);
-    list("columns only in the target", &report.extra_columns);
-    list("missing rows", &report.missing);
-    list("extra rows", &report.extra);
-    list("duplicated keys", &report.duplicates);
-    let differing: Vec<String> = report
-        .differing
-        .iter()
-        .map(|d| format!("{} (columns: {})", d.key, d.columns.join(", ")))
-        .collect();
-    list("differing rows", &differing);
-    text
-}
-
-/// `df://host:port` (or `host:port`) as host and port.
-#[cfg(feature = "ballista")]
-fn scheduler_address(url: &str) -> Result<(String, u16), String> {
-    let address = url
-        .strip_prefix("df://")
-        .unwrap_or(url)
-        .trim_end_matches('/');
-    let (host, port) = address
-        .rsplit_once(':')
-        .ok_or_else(|| format!("--scheduler '{url}': expected df://HOST:PORT"))?;
-    let port = port
-        .parse()
-        .map_err(|_| format!("--scheduler '{url}': bad port '{port}'"))?;
-    Ok((host.to_owned(), port))
-}
-
 #[cfg(feature = "ballista")]
 fn cluster(command: ClusterCommand) -> Result<(), String> {
     match command {
         ClusterCommand::Scheduler(args) => {
             let storage =
-                StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
+                StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?;
             let options = idem::cluster::SchedulerOptions {
                 executor_timeout: args.executor_timeout,
                 task_max_failures: args.task_max_failures,
@@ -890,12 +722,13 @@ fn cluster(command: ClusterCommand) -> Result<(), String> {
                 println!("listening on df://{address}");
                 let _ = std::io::Write::flush(&mut std::io::stdout());
             })
-            .map_err(|e| error_chain(&e))
+            .map_err(|e| error_line(&e))
         }
         ClusterCommand::Executor(args) => {
             let storage =
-                StorageOptions::parse(&args.storage_options).map_err(|e| error_chain(&e))?;
-            let (scheduler_host, scheduler_port) = scheduler_address(&args.scheduler)?;
+                StorageOptions::parse(&args.storage_options).map_err(|e| error_line(&e))?;
+            let (scheduler_host, scheduler_port) =
+                idem::cluster::scheduler_address(&args.scheduler).map_err(|e| error_line(&e))?;
             let options = idem::cluster::ExecutorOptions {
                 scheduler_host,
                 scheduler_port,
@@ -908,7 +741,7 @@ fn cluster(command: ClusterCommand) -> Result<(), String> {
                 }),
                 work_dir: args.work_dir,
             };
-            idem::cluster::run_executor(options, &storage).map_err(|e| error_chain(&e))
+            idem::cluster::run_executor(options, &storage).map_err(|e| error_line(&e))
         }
     }
 }
@@ -919,7 +752,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Verify(args) => {
             return verify(args).unwrap_or_else(|message| {
-                eprintln!("idem: error: {}", one_line(&message));
+                eprintln!("idem: error: {message}");
                 ExitCode::from(VERIFY_ERROR)
             });
         }
@@ -937,56 +770,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("idem: error: {}", one_line(&message));
+            eprintln!("idem: error: {message}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// An error as the one line that schedulers and log scrapers expect: dependencies'
-/// messages may span lines (flatbuffers' verifier lists where it looked) or carry a
-/// backtrace (delta-kernel appends one under `RUST_BACKTRACE`), which is cut off.
-fn one_line(message: &str) -> String {
-    let is_frame = |line: &str| {
-        let line = line.trim_start();
-        line.split_once(':')
-            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    message
-        .lines()
-        .take_while(|line| !is_frame(line))
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{one_line, parse_size};
-
-    #[test]
-    fn errors_print_as_one_line_without_backtraces() {
-        assert_eq!(
-            one_line("t: Json error: bad ':'\n   0: with_backtrace\n             at x.rs:1:2"),
-            "t: Json error: bad ':'"
-        );
-        assert_eq!(
-            one_line("f: a corrupt footer: out of bounds.\n\twhile verifying `schema`\n\n"),
-            "f: a corrupt footer: out of bounds. while verifying `schema`"
-        );
-        assert_eq!(one_line("plain"), "plain");
-    }
-
-    #[test]
-    fn sizes_parse_in_binary_and_decimal_units() {
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_size("1.5G"), Ok(1_500_000_000));
-        assert_eq!(parse_size("100000"), Ok(100_000));
-        assert_eq!(parse_size(" 64 kb "), Ok(64_000));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("5 parsecs").is_err());
-        assert!(parse_size("0").is_err());
     }
 }

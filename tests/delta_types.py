@@ -6,7 +6,7 @@ schema merged one after the other (inserts, an in-batch duplicate, updates, a st
 replay, a delete, a late older update the delete blocks, a re-insert), and one batch run
 again (already applied). After every merge the table is read with delta-rs (`deltalake`)
 and with Polars (`read_delta`), and compared row by row with a plain model of the merge
-whose values are the batch's converted the way README's type table says. DuckDB's
+whose values are the batch's converted the way docs/merge.md's type table says. DuckDB's
 `delta_scan` is used too where its extension is installed (it needs a download, so
 offline it is skipped and said so).
 
@@ -221,7 +221,7 @@ def check_type(idem, workdir, name, spec, duck):
         paths.append(path)
         stats = json.loads(run(merge[:2] + [path] + merge[2:]).stdout)
         assert stats["committed"], (name, i, stats)
-        # The model holds the values as the table stores them (README's type table); k2,
+        # The model holds the values as the table stores them (docs/merge.md's type table); k2,
         # the key index, identifies a key whether or not it is a key column.
         converted = {c: (batch.column(c).cast(stored_as[c]) if c in stored_as else batch.column(c)).to_pylist()
                      for c in batch.column_names}

@@ -3,7 +3,7 @@
 //! contract is an error, never a crash (issue 60).
 #![no_main]
 
-use idem::input::{InputFile, InputSource};
+use idem::read::input::{InputFile, InputSource};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

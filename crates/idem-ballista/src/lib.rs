@@ -24,6 +24,26 @@
 //! loopback around it, [`remote`] connects to a running scheduler, and [`run_scheduler`] /
 //! [`run_executor`] are the long-running processes of a real cluster.
 //!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> datafusion::error::Result<()> {
+//! use datafusion::prelude::{ParquetReadOptions, SessionConfig};
+//!
+//! // A scheduler and an executor in this process, on loopback.
+//! let cluster = idem_ballista::standalone(SessionConfig::new().with_target_partitions(2)).await?;
+//! // The sample events committed with idem (6,000 rows; executors read the files themselves).
+//! let events = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/events");
+//! cluster.register_parquet("events", events, ParquetReadOptions::default()).await?;
+//! let kept = cluster
+//!     .sql("SELECT count(*) FROM dedup('events', 'event_id,sequence', 'lsn')")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! assert_eq!(kept.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`DedupPlanner::shuffled`]: idem_datafusion::DedupPlanner::shuffled
 
 use std::sync::Arc;

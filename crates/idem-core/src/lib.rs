@@ -30,6 +30,32 @@
 //!
 //! [`dedup_batches`] runs the whole flow on batches already in memory. [`PickByVersion`]
 //! is the same ordering per group, for the `max_by` / `min_by` aggregates.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use arrow::array::{Int64Array, RecordBatch, StringArray};
+//! use arrow::datatypes::{DataType, Field, Schema};
+//! use idem_core::{DedupSpec, DeletePolicy, dedup_batches};
+//!
+//! let schema = Arc::new(Schema::new(vec![
+//!     Field::new("event_id", DataType::Utf8, false),
+//!     Field::new("lsn", DataType::Int64, false),
+//!     Field::new("op", DataType::Utf8, false),
+//! ]));
+//! // "a" is replayed, "b" updated then deleted, and an older update of "b" comes late.
+//! let batch = RecordBatch::try_new(Arc::clone(&schema), vec![
+//!     Arc::new(StringArray::from(vec!["a", "a", "b", "b", "b"])),
+//!     Arc::new(Int64Array::from(vec![1, 1, 1, 3, 2])),
+//!     Arc::new(StringArray::from(vec!["c", "c", "c", "d", "u"])),
+//! ])?;
+//! let mut spec = DedupSpec::new(["event_id"], ["lsn"]);
+//! spec.options.deletes = Some(DeletePolicy::new("op"));
+//! let (rows, stats) = dedup_batches(&schema, &[batch], &spec)?;
+//! assert_eq!(rows.iter().map(RecordBatch::num_rows).sum::<usize>(), 1); // "a" alone
+//! assert_eq!((stats.duplicates, stats.superseded, stats.deleted), (1, 2, 1));
+//! # Ok::<(), arrow::error::ArrowError>(())
+//! ```
 
 pub mod interner;
 pub mod key;

@@ -115,7 +115,7 @@ pub struct PositionExec {
 /// The file scan below `plan` through filters and projections: each partition's identity,
 /// its first file and where in it the partition starts. Empty without such a scan.
 fn scan_partition_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
-    let Some(node) = crate::late::file_scan_below(plan) else {
+    let Some(node) = crate::scan::file_scan_below(plan) else {
         return Vec::new();
     };
     let Some(scan) = node
@@ -282,28 +282,6 @@ impl ExecutionPlan for PositionExec {
             stream,
         )))
     }
-}
-
-/// The physical plan of a dedup over `input`, whose schema it keeps.
-///
-/// A file scan, which can be read twice, gets [`LateDedupExec`](crate::LateDedupExec):
-/// key and version columns first, then only the winning rows, so memory follows the
-/// number of keys. Anything else gets [`PositionExec`], a hash repartition on the key into
-/// the target partitions, then [`DedupExec`], which holds its partition's rows.
-///
-/// # Errors
-/// A missing column, or a key / version type idem cannot use.
-pub fn plan_dedup(
-    input: Arc<dyn ExecutionPlan>,
-    spec: DedupSpec,
-    config: &ConfigOptions,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    if crate::late::is_rescannable_file_scan(&input) {
-        return Ok(Arc::new(crate::LateDedupExec::try_new(
-            input, spec, config,
-        )?));
-    }
-    plan_shuffled_dedup(input, spec, config)
 }
 
 /// The physical plan of a dedup over `input` as [`PositionExec`], a hash repartition on the

@@ -28,8 +28,6 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err};
-use datafusion::datasource::physical_plan::FileScanConfig;
-use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
@@ -38,7 +36,6 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::projection_pushdown::ProjectionPushdown;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -53,35 +50,34 @@ use idem_core::key::KeyRouter;
 use idem_core::{DedupSpec, DedupStats, KeepMaxTable, TieCheck, TieRow};
 use tokio::sync::OnceCell;
 
-use crate::exec::{DedupMetrics, PositionExec, ROW_BITS, in_plan_order, positions, to_df};
+use crate::exec::{
+    DedupMetrics, PositionExec, ROW_BITS, in_plan_order, plan_shuffled_dedup, positions, to_df,
+};
+use crate::scan::is_rescannable_file_scan;
 
 /// Key partitions are multiplied by this when a partitioned decision still does not fit.
 const PARTITION_GROWTH: u32 = 4;
 /// Beyond this many key partitions the decision gives up (the pool is absurdly small).
 const MAX_KEY_PARTITIONS: u32 = 4096;
 
-/// Whether `plan` reads the same rows, in the same partitions and order, every time it
-/// runs: a file scan, under nothing but filters and projections.
-pub fn is_rescannable_file_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    file_scan_below(plan).is_some()
-}
-
-/// The file scan that `plan` is, or reads through filters and projections.
-pub(crate) fn file_scan_below(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
-    let mut node = Arc::clone(plan);
-    loop {
-        if node
-            .downcast_ref::<DataSourceExec>()
-            .is_some_and(|source| source.data_source().is::<FileScanConfig>())
-        {
-            return Some(node);
-        }
-        let child = match node.children().as_slice() {
-            [child] if node.is::<FilterExec>() || node.is::<ProjectionExec>() => Arc::clone(child),
-            _ => return None,
-        };
-        node = child;
+/// The physical plan of a dedup over `input`, whose schema it keeps.
+///
+/// A file scan, which can be read twice, gets [`LateDedupExec`]:
+/// key and version columns first, then only the winning rows, so memory follows the
+/// number of keys. Anything else gets [`PositionExec`](crate::PositionExec), a hash repartition on the key into
+/// the target partitions, then [`DedupExec`](crate::DedupExec), which holds its partition's rows.
+///
+/// # Errors
+/// A missing column, or a key / version type idem cannot use.
+pub fn plan_dedup(
+    input: Arc<dyn ExecutionPlan>,
+    spec: DedupSpec,
+    config: &ConfigOptions,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if is_rescannable_file_scan(&input) {
+        return Ok(Arc::new(LateDedupExec::try_new(input, spec, config)?));
     }
+    plan_shuffled_dedup(input, spec, config)
 }
 
 /// What the decision scan found, shared by every output partition.

@@ -66,6 +66,7 @@ mod exec;
 mod late;
 mod logical;
 mod provider;
+mod scan;
 mod table_function;
 mod udaf;
 
@@ -74,13 +75,14 @@ use std::sync::Arc;
 use datafusion::prelude::SessionContext;
 
 pub use counters::dedup_counters;
-pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_dedup, plan_shuffled_dedup};
+pub use exec::{DedupExec, POSITION_COLUMN, PositionExec, plan_shuffled_dedup};
 pub use idem_core::{DedupOptions, DedupSpec, DeletePolicy, TiePolicy};
-pub use late::{LateDedupExec, is_rescannable_file_scan};
+pub use late::{LateDedupExec, plan_dedup};
 pub use logical::{
     Dedup, DedupPlanner, DedupQueryPlanner, with_dedup_planner, with_shuffled_dedup_planner,
 };
 pub use provider::{DataFrameDedupExt, DedupTable};
+pub use scan::is_rescannable_file_scan;
 pub use table_function::{DedupTableFunc, parse_options, resolve_source};
 pub use udaf::{PickBy, max_by_udaf, min_by_udaf};
 

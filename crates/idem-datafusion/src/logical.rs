@@ -28,7 +28,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use idem_core::DedupSpec;
 
-use crate::exec::{plan_dedup, plan_shuffled_dedup};
+use crate::exec::plan_shuffled_dedup;
+use crate::late::plan_dedup;
 
 /// One row per key of `input`: the row with the maximum version, with idem's semantics.
 /// Its output schema is its input's.

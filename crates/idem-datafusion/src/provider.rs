@@ -21,7 +21,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use idem_core::{DedupOptions, DedupSpec};
 
-use crate::exec::plan_dedup;
+use crate::late::plan_dedup;
 use crate::logical::{Dedup, with_dedup_planner};
 
 /// A table whose rows are `source`'s, one per key (see [`DedupSpec`]).

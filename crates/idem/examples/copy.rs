@@ -9,8 +9,9 @@
 use std::sync::Arc;
 use std::sync::mpsc::sync_channel;
 
-use idem::input::{InputFile, TextLayout, expand_inputs};
-use idem::schema::{conform, unify, with_views};
+use idem::read::expand::expand_inputs;
+use idem::read::input::{InputFile, TextLayout};
+use idem::read::schema::{conform, unify, with_views};
 use idem::storage::StorageOptions;
 use idem::{DEFAULT_MAX_ROWS_PER_FILE, OutputWriter, Result};
 

@@ -28,33 +28,22 @@ use idem_ballista::{PartWritten, PartsLayout, WriteParts, part_file_name, parts_
 use idem_core::DedupStats;
 use idem_datafusion::Dedup;
 use parquet::arrow::ArrowWriter;
-use serde::Serialize;
 use url::Url;
 
-use crate::dedup::{DedupJob, DedupReport, DedupRun, FileRows, open_inputs};
+use crate::datafusion_runtime::storage_runtime;
+use crate::dedup::{ClusterRun, DedupJob, DedupReport, DedupRun, FileRows, open_inputs};
 use crate::error::{Error, Result};
-use crate::output::{
-    MAX_DICTIONARY_PAGE_BYTES, MAX_ROW_GROUP_ROWS, WRITE_CHUNK_ROWS, fallback_encodings,
-    hidden_sibling, publish_staged, replace_directory, staging_prefix, writer_properties,
-};
-use crate::sql::storage_runtime;
 use crate::storage::{Location, RemoteLocation, StorageOptions};
+use crate::write::properties::{
+    MAX_DICTIONARY_PAGE_BYTES, MAX_ROW_GROUP_ROWS, WRITE_CHUNK_ROWS, fallback_encodings,
+    writer_properties,
+};
+use crate::write::publish::{hidden_sibling, publish_staged, replace_directory, staging_prefix};
 
 pub use idem_ballista::{ExecutorOptions, SchedulerOptions};
 
 /// Key partitions of a cluster dedup when none are asked for: Ballista's default.
 pub const DEFAULT_CLUSTER_PARTITIONS: usize = 16;
-
-/// Where a cluster run happened.
-#[derive(Debug, Clone, Serialize)]
-pub struct ClusterRun {
-    /// The scheduler, `df://host:port`.
-    pub scheduler: String,
-    /// Key partitions: tasks of the dedup stage.
-    pub partitions: usize,
-    /// Parts the executors wrote.
-    pub parts: usize,
-}
 
 /// Where the executors write, and how this process commits it.
 enum Staging {
@@ -180,8 +169,8 @@ fn write_empty_part(path: &Path, schema: &arrow::datatypes::SchemaRef) -> Result
 }
 
 /// The URL an executor reads an input from.
-fn input_url(file: &crate::input::InputFile) -> Result<String> {
-    use crate::input::InputSource;
+fn input_url(file: &crate::read::input::InputFile) -> Result<String> {
+    use crate::read::input::InputSource;
     if !file.is_parquet() {
         return Err(Error::InvalidArgument(format!(
             "{}: --cluster reads Parquet inputs only (this is Arrow IPC)",
@@ -322,7 +311,8 @@ pub fn run_dedup_on_cluster(
     Ok(report)
 }
 
-/// scan of the inputs (with the unified schema) → dedup → parts.
+/// The plan the executors run: a scan of the inputs (with the unified schema) → dedup →
+/// parts.
 async fn write_plan(
     ctx: &SessionContext,
     urls: &[String],
@@ -383,4 +373,22 @@ fn server_runtime() -> Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .map_err(Error::io("tokio runtime"))
+}
+
+/// `df://host:port` (or `host:port`) as host and port.
+///
+/// # Errors
+/// An address without a port, or with a bad one.
+pub fn scheduler_address(url: &str) -> Result<(String, u16)> {
+    let address = url
+        .strip_prefix("df://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| {
+        Error::InvalidArgument(format!("--scheduler '{url}': expected df://HOST:PORT"))
+    })?;
+    let port = port
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("--scheduler '{url}': bad port '{port}'")))?;
+    Ok((host.to_owned(), port))
 }

@@ -124,3 +124,56 @@ impl Error {
         move |source| Self::Arrow { path, source }
     }
 }
+
+/// An error and its causes as the one line that schedulers and log scrapers expect: each
+/// cause not already in the message is appended after a colon, and dependencies' messages
+/// that span lines (flatbuffers' verifier lists where it looked) or carry a backtrace
+/// (delta-kernel appends one under `RUST_BACKTRACE`) are joined and cut before the
+/// backtrace's first frame.
+pub fn error_line(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    one_line(&message)
+}
+
+/// `message` on one line, without a trailing backtrace.
+fn one_line(message: &str) -> String {
+    let is_frame = |line: &str| {
+        let line = line.trim_start();
+        line.split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    message
+        .lines()
+        .take_while(|line| !is_frame(line))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn errors_print_as_one_line_without_backtraces() {
+        assert_eq!(
+            one_line("t: Json error: bad ':'\n   0: with_backtrace\n             at x.rs:1:2"),
+            "t: Json error: bad ':'"
+        );
+        assert_eq!(
+            one_line("f: a corrupt footer: out of bounds.\n\twhile verifying `schema`\n\n"),
+            "f: a corrupt footer: out of bounds. while verifying `schema`"
+        );
+        assert_eq!(one_line("plain"), "plain");
+    }
+}

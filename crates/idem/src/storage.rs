@@ -748,8 +748,9 @@ impl Seek for RemoteReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::input::{InputFile, expand_inputs};
-    use crate::output::OutputWriter;
+    use crate::read::expand::expand_inputs;
+    use crate::read::input::InputFile;
+    use crate::write::output::OutputWriter;
     use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 
     fn batch(from: i64, rows: i64) -> RecordBatch {
@@ -781,7 +782,7 @@ mod tests {
         remote.upload(&local).expect("upload");
     }
 
-    fn rows(sources: &[crate::input::InputSource]) -> u64 {
+    fn rows(sources: &[crate::read::input::InputSource]) -> u64 {
         sources
             .iter()
             .map(|s| InputFile::open(s).expect("open").num_rows())

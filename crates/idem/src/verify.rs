@@ -20,11 +20,14 @@ use arrow::datatypes::SchemaRef;
 use idem_core::{DedupSpec, DedupStats, RowHasher, describe_row};
 use serde::Serialize;
 
-use crate::dedup::{DedupJob, NoProgress, Progress, dedup_rows};
+use crate::dedup::{DedupJob, dedup_rows};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, expand_inputs};
-use crate::schema::conform;
+use crate::progress::{NoProgress, Progress};
+use crate::read::expand::expand_inputs;
+use crate::read::input::InputFile;
+use crate::read::schema::conform;
 use crate::storage::StorageOptions;
+use crate::units::thousands;
 
 /// What to compare.
 #[derive(Debug, Clone)]
@@ -111,6 +114,47 @@ pub struct VerifyReport {
     pub target_files: usize,
     /// Wall time.
     pub elapsed_seconds: f64,
+}
+
+impl VerifyReport {
+    /// The report as the CLI prints it: the verdict, the counts, then each list.
+    pub fn to_text(&self) -> String {
+        let report = self;
+        let mut text = format!(
+            "{}: expected {} rows (checksum {}), target has {} (checksum {})\n\
+             matching {}, missing {}, extra {}, duplicated {}, differing {}",
+            if report.matches { "MATCH" } else { "MISMATCH" },
+            thousands(report.expected_rows),
+            report.expected_checksum,
+            thousands(report.target_rows),
+            report.target_checksum,
+            thousands(report.matching_rows),
+            thousands(report.missing_rows),
+            thousands(report.extra_rows),
+            thousands(report.duplicate_rows),
+            thousands(report.differing_rows),
+        );
+        let mut list = |title: &str, items: &[String]| {
+            if !items.is_empty() {
+                text.push_str(&format!("\n{title}:"));
+                for item in items {
+                    text.push_str(&format!("\n  {item}"));
+                }
+            }
+        };
+        list("columns missing from the target", &report.missing_columns);
+        list("columns only in the target", &report.extra_columns);
+        list("missing rows", &report.missing);
+        list("extra rows", &report.extra);
+        list("duplicated keys", &report.duplicates);
+        let differing: Vec<String> = report
+            .differing
+            .iter()
+            .map(|d| format!("{} (columns: {})", d.key, d.columns.join(", ")))
+            .collect();
+        list("differing rows", &differing);
+        text
+    }
 }
 
 /// Hashes that are already uniform need no more hashing.

@@ -1,72 +1,51 @@
-//! `idem merge`: idempotent upserts of event batches into a Delta Lake table.
+//! `idem merge`: idempotent upserts of event batches into a table — the semantics, the
+//! same for every target.
 //!
 //! ```text
-//!  batch     inputs ──dedup (tombstones kept)──▶ one winner per key ──▶ KeyedRows
-//!  state     table snapshot: files + stats, the tombstone state file, applied fingerprints
+//!  batch     inputs ──dedup (tombstones kept)──▶ one winner per key ──▶ KeyedRows, in the
+//!            types the target stores
+//!  state     the target as of one version: its rows' keys, the tombstone state, the
+//!            fingerprints of the batches applied to it
 //!  guard     winner vs live tombstone: an update at or below a delete's version is blocked
-//!  find      files that may hold batch keys (bucket, key statistics) ──key + version
-//!            columns only──▶ which table rows the batch meets, at which versions
+//!  find      the target's versions of the batch's keys (the target finds them its way)
 //!  decide    strictly newer: update / delete; otherwise stale; absent: insert
-//!  write     files holding replaced or deleted rows are rewritten without them; new rows
-//!            go to new files sorted by key (one file per touched bucket with --buckets)
-//!  commit    one Delta transaction: remove + add, the new tombstone state (table
-//!            metadata), and the batch's fingerprint (an application `txn`), against the
-//!            version read — if another writer got there first, start again from `state`
+//!  commit    the target applies the decisions, the new tombstone state and the batch's
+//!            fingerprint (the run marker) in one atomic step against the version read —
+//!            if another writer got there first, start again from `state`
 //! ```
 //!
-//! Every commit is made against the exact version it read (no automatic rebase), so two
-//! concurrent merges serialise: the loser re-reads and re-decides, and no key is lost or
-//! duplicated. Files written by a merge that does not commit (a conflict, an error, a kill)
-//! are never referenced by the log, so readers cannot see them; `idem vacuum` removes them.
+//! A target is a [`Target`]: [`delta`] (Delta Lake tables) is the first. The semantics
+//! here import the dedup and the reading layer; a target may import those and the
+//! writing layer, never another target.
 
-mod find;
+mod delta;
 mod keyed;
-mod partition;
-mod rewrite;
-mod table;
+mod target;
 mod tombstones;
-mod types;
-mod vacuum;
 
-pub(crate) use table::table_files;
-pub use vacuum::{VacuumReport, run_vacuum};
+pub use delta::{VacuumReport, run_vacuum};
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Field, Schema, SchemaRef};
-use deltalake_core::kernel::engine::arrow_conversion::TryFromArrow;
-use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
-use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
-use deltalake_core::protocol::{DeltaOperation, MergePredicate, SaveMode};
-use deltalake_core::{DeltaTable, DeltaTableError};
 use idem_core::{DedupSpec, DedupStats};
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use crate::dedup::{DedupJob, FileRows, Progress, dedup_rows};
+use crate::dedup::{DedupJob, FileRows, dedup_rows};
 use crate::error::{Error, Result};
-use crate::input::{ConstantColumns, InputFile, expand_inputs, fingerprint};
+use crate::progress::Progress;
+use crate::read::expand::expand_inputs;
+use crate::read::input::{InputFile, fingerprint};
 use crate::storage::StorageOptions;
-use find::find_rows;
+use crate::units::{now_millis, thousands};
 use keyed::KeyedRows;
-use partition::{PartitionValues, Partitioning};
-use rewrite::write_data;
-use table::{Table, now_millis};
-use table::{check_readable, deletion_vector_error, table_schema};
-use tombstones::{next_tombstones, read_tombstones};
+use target::{Attempt, Change, FoundVersions, Target};
+use tombstones::next_tombstones;
 
-/// Table property: the key columns the table was created with.
-const KEY_PROPERTY: &str = "idem.key";
-/// Table property: the version columns.
-const VERSION_PROPERTY: &str = "idem.version";
-/// Table property: number of buckets, when rows are clustered into files by key hash.
-const BUCKETS_PROPERTY: &str = "idem.buckets";
-/// Table property: the tombstone state file of this table version (relative path, or empty).
-const TOMBSTONES_PROPERTY: &str = "idem.tombstones";
 /// Default tombstone retention: 7 days.
 pub const DEFAULT_TOMBSTONE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default rows per data file written by a merge.
@@ -190,13 +169,49 @@ pub struct MergeReport {
     pub elapsed_seconds: f64,
 }
 
+impl MergeReport {
+    /// The one-line summary the CLI prints after a merge.
+    pub fn summary(&self) -> String {
+        let version = self.table_version.map_or("-".to_owned(), |v| v.to_string());
+        if self.already_applied {
+            format!(
+                "idem: already applied: this batch (fingerprint {}) is in {} as of version {version}; nothing to do",
+                self.fingerprint, self.table
+            )
+        } else {
+            format!(
+                "idem: {} rows in → {} inserted, {} updated, {} deleted, {} stale, {} resurrections blocked; {} files rewritten, {} added; {} {} in {:.2} s",
+                thousands(self.rows_in),
+                thousands(self.inserted),
+                thousands(self.updated),
+                thousands(self.deleted),
+                thousands(self.stale),
+                thousands(self.resurrections_blocked),
+                self.files_removed,
+                self.files_added,
+                if self.committed {
+                    "committed version"
+                } else {
+                    "nothing to commit; table at version"
+                },
+                version,
+                self.elapsed_seconds
+            )
+        }
+    }
+}
+
 /// The batch, deduplicated and indexed, ready to meet the table.
 struct Batch {
+    /// One row per key, in the target's stored types.
     winners: KeyedRows,
     /// Whether each winner is a delete.
     tombstone: Vec<bool>,
+    /// The winners' schema.
     schema: SchemaRef,
+    /// The spec, with tombstones kept.
     spec: DedupSpec,
+    /// The batch's input files and policy, hashed: the run marker.
     fingerprint: String,
 }
 
@@ -207,21 +222,24 @@ struct Batch {
 /// table idem cannot rewrite (partitioned, deletion vectors, column mapping), a storage
 /// failure, or other writers winning every one of `max_attempts` commits.
 pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport> {
+    let target = delta::DeltaTarget::open(&job.table, &job.storage)?;
+    merge_into(target, job, progress)
+}
+
+/// [`run_merge`] into one target.
+fn merge_into<T: Target>(
+    mut target: T,
+    job: &MergeJob,
+    progress: &dyn Progress,
+) -> Result<MergeReport> {
     let started = Instant::now();
-    let table = Table::open(&job.table, &job.storage)?;
     // A batch applied before is recognised from its files alone, before any row is read.
     let files: Vec<InputFile> = expand_inputs(&job.inputs, &job.storage)?
         .iter()
         .map(InputFile::open)
         .collect::<Result<_>>()?;
     let early = fingerprint(&files, &job.spec)?;
-    let loaded = table.load()?;
-    if let Some(delta) = &loaded {
-        check_creation_options(job, &table, delta)?;
-    }
-    if let Some(delta) = &loaded
-        && let Some(version) = applied_at(&table, delta, &app_id(&early))?
-    {
+    if let Some(version) = target.prepare(job, &early)? {
         return Ok(MergeReport {
             table: job.table.clone(),
             rows_in: files.iter().map(InputFile::num_rows).sum(),
@@ -237,15 +255,8 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
             ..MergeReport::default()
         });
     }
-    let table_columns = match &loaded {
-        Some(delta) => Some(table_schema(
-            &table,
-            delta.snapshot().map_err(|e| table.error(e))?,
-        )?),
-        None => None,
-    };
-    drop((files, loaded));
-    let (batch, stats, inputs) = read_batch(job, &table, table_columns.as_deref(), progress)?;
+    drop(files);
+    let (batch, stats, inputs) = read_batch(job, &target, progress)?;
     let mut report = MergeReport {
         table: job.table.clone(),
         rows_in: stats.rows_in,
@@ -265,7 +276,7 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
     progress.phase("merging", batch.winners.len() as u64);
     for attempt in 1..=job.max_attempts.max(1) {
         report.attempts = attempt;
-        match merge_once(job, &table, &batch, &mut report)? {
+        match merge_once(&target, job, &batch, &mut report)? {
             Attempt::Done => {
                 report.elapsed_seconds = started.elapsed().as_secs_f64();
                 return Ok(report);
@@ -284,12 +295,10 @@ pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport>
 }
 
 /// Dedups the batch's files with tombstones kept, converts the winners to the types the
-/// table stores (`table_columns`, or the mapping of [`types`] for a new table), and indexes
-/// them.
+/// target stores, and indexes them.
 fn read_batch(
     job: &MergeJob,
-    table: &Table,
-    table_columns: Option<&Schema>,
+    target: &impl Target,
     progress: &dyn Progress,
 ) -> Result<(Batch, DedupStats, Vec<FileRows>)> {
     let mut spec = job.spec.clone();
@@ -315,7 +324,7 @@ fn read_batch(
         },
     )?;
     let schema = nullable(&run.schema);
-    let where_ = table.display("");
+    let where_ = target.display();
     let batches = batches
         .iter()
         .map(|b| relabel(b, &schema))
@@ -325,11 +334,8 @@ fn read_batch(
     // The dedup compared the batch's own types; the conversions are order-preserving and
     // injective, so the winners stay the winners, and from here on the batch and the
     // table's rows are compared in one representation.
-    let schema = match table_columns {
-        Some(columns) => types::schema_in_table(&schema, columns, &table.name)?,
-        None => types::stored_schema(&schema, &table.name)?,
-    };
-    let rows = types::to_stored(&rows, &schema, &table.name)?;
+    let rows = target.to_stored(&rows)?;
+    let schema = rows.schema();
     let tombstone = tombstone_mask(&rows, &spec).map_err(Error::arrow(&where_))?;
     let winners =
         KeyedRows::try_new(rows, &spec.keys, &spec.versions).map_err(Error::arrow(&where_))?;
@@ -384,70 +390,8 @@ fn tombstone_mask(rows: &RecordBatch, spec: &DedupSpec) -> arrow::error::Result<
     Ok(mask)
 }
 
-/// The application id of a batch's `txn` action.
-fn app_id(fingerprint: &str) -> String {
-    format!("idem-merge-{fingerprint}")
-}
-
-/// The table version, when the batch with this application id has been committed to it.
-fn applied_at(table: &Table, delta: &DeltaTable, app_id: &str) -> Result<Option<u64>> {
-    let state = delta.snapshot().map_err(|e| table.error(e))?;
-    let applied = table
-        .block_on(state.transaction_version(table.log_store.as_ref(), app_id))?
-        .map_err(|e| table.error(e))?;
-    Ok(applied.map(|_| state.version()))
-}
-
-/// How one attempt ended.
-enum Attempt {
-    Done,
-    /// Another writer committed since the version read; start again.
-    Conflict,
-}
-
-/// One data file of the table.
-struct TableFile {
-    path: String,
-    size: u64,
-    rows: Option<u64>,
-    /// Bounds of the first key column, from the file's statistics.
-    first_key_bounds: Option<(Value, Value)>,
-    bucket: Option<u32>,
-    partition: Option<FilePartition>,
-}
-
-/// Where a file of a partitioned table sits.
-struct FilePartition {
-    values: PartitionValues,
-    /// The partition columns for its rows.
-    columns: Arc<ConstantColumns>,
-    /// Its `partitionValues` as the log has them.
-    raw: HashMap<String, Option<String>>,
-}
-
-impl TableFile {
-    /// The file, to read (partition columns included).
-    fn source(&self, table: &Table) -> crate::input::InputSource {
-        table.data_file(
-            &self.path,
-            self.size,
-            self.partition.as_ref().map(|p| &p.columns),
-        )
-    }
-}
-
-/// What the table was at the version read.
-struct Snapshot {
-    table: Option<DeltaTable>,
-    schema: SchemaRef,
-    files: Vec<TableFile>,
-    buckets: Option<u32>,
-    partitioning: Option<Partitioning>,
-    configuration: HashMap<String, String>,
-}
-
 /// What the batch does to one winner's key.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
     Insert,
     Update,
@@ -457,24 +401,24 @@ enum Outcome {
     Blocked,
 }
 
-fn merge_once(
+/// One attempt: the target as of one version, the guard, the decisions, and the target's
+/// commit of them.
+fn merge_once<T: Target>(
+    target: &T,
     job: &MergeJob,
-    table: &Table,
     batch: &Batch,
     report: &mut MergeReport,
 ) -> Result<Attempt> {
-    let snapshot = read_snapshot(job, table, batch)?;
-    let app_id = app_id(&batch.fingerprint);
-    if let Some(delta) = &snapshot.table
-        && let Some(version) = applied_at(table, delta, &app_id)?
-    {
+    let snapshot = target.snapshot(job, batch)?;
+    let (table_files, table_rows) = target.size(&snapshot);
+    report.table_files = table_files;
+    if let Some(version) = target.applied_in(&snapshot, &batch.fingerprint)? {
         report.already_applied = true;
         report.table_version = Some(version);
-        report.table_files = snapshot.files.len() as u64;
         return Ok(Attempt::Done);
     }
     let now = now_millis();
-    let tombstones = read_tombstones(table, &snapshot, batch, job.tombstone_retention, now)?;
+    let tombstones = target.tombstones(&snapshot, batch, job.tombstone_retention, now)?;
     report.tombstones_expired = tombstones.expired;
     let winners = &batch.winners;
 
@@ -497,7 +441,7 @@ fn merge_once(
     }
 
     // Find the table rows the batch meets.
-    let found = find_rows(table, &snapshot, batch, &outcome, report)?;
+    let found = target.find(&snapshot, batch, &outcome, report)?;
     let width = winners.version_width();
     for (row, decided) in outcome.iter_mut().enumerate() {
         if decided.is_some() {
@@ -526,13 +470,8 @@ fn merge_once(
     report.deletes_without_row = count(Outcome::DeleteWithoutRow);
     report.stale = count(Outcome::Stale);
     report.resurrections_blocked = count(Outcome::Blocked);
-    report.table_files = snapshot.files.len() as u64;
-    report.table_rows = snapshot
-        .files
-        .iter()
-        .map(|f| f.rows)
-        .sum::<Option<u64>>()
-        .map(|rows| (rows + report.inserted).saturating_sub(report.deleted));
+    report.table_rows =
+        table_rows.map(|rows| (rows + report.inserted).saturating_sub(report.deleted));
 
     // The tombstone state after this batch: deletes are remembered (replacing an older
     // tombstone of the key), updates and inserts newer than a tombstone end it.
@@ -555,418 +494,29 @@ fn merge_once(
     let kept_tombstones =
         tombstones.rows.as_ref().map_or(0, |t| t.len() as u64) - forgotten.len() as u64;
     report.tombstones = kept_tombstones + new_tombstones.len() as u64;
+    let exists = target.version(&snapshot).is_some();
     if !data_change && !tombstones_change {
         report.committed = false;
-        report.table_version = snapshot.table.as_ref().and_then(|t| t.version());
+        report.table_version = target.version(&snapshot);
         return Ok(Attempt::Done);
     }
-
-    let mut written = Written::new(table);
-    let mut actions: Vec<Action> = Vec::new();
-    if data_change {
-        write_data(
-            job,
-            table,
-            &snapshot,
-            batch,
-            &outcome,
-            &found,
-            &mut written,
-            &mut actions,
-            report,
-        )?;
-    }
-    let mut configuration = snapshot.configuration.clone();
-    if tombstones_change || snapshot.table.is_none() {
-        let state = next_tombstones(batch, &tombstones, &new_tombstones, &forgotten, now)?;
-        let path = match state {
-            Some(rows) if rows.num_rows() > 0 => {
-                let path = format!("_idem/tombstones-{}.parquet", unique_id());
-                written.push(path.clone());
-                table.write_data_file(&path, &rows.schema(), &[rows], None)?;
-                path
-            }
-            _ => String::new(),
-        };
-        configuration.insert(TOMBSTONES_PROPERTY.to_owned(), path);
-    }
-
-    let txn = Transaction::new_with_last_update(&app_id, 1, Some(now));
-    let info = json!({
-        "fingerprint": batch.fingerprint,
-        "inputFiles": report.input_files,
-        "inserted": report.inserted,
-        "updated": report.updated,
-        "deleted": report.deleted,
-        "stale": report.stale,
-        "resurrectionsBlocked": report.resurrections_blocked,
-    });
-    let properties = CommitProperties::default()
-        .with_max_retries(0)
-        .with_application_transaction(txn)
-        .with_metadata([("idem".to_owned(), info)]);
-    let committed = match &snapshot.table {
-        None => create_table(
-            job,
-            table,
-            batch,
-            &snapshot,
-            configuration,
-            actions,
-            properties,
-        ),
-        Some(delta) => commit_to(table, delta, &snapshot, configuration, actions, properties),
+    // A new target records its (possibly empty) tombstone state from the start.
+    let next = if tombstones_change || !exists {
+        next_tombstones(batch, &tombstones, &new_tombstones, &forgotten, now)?
+    } else {
+        None
     };
-    match committed {
-        Ok(version) => {
-            written.keep();
-            report.created = snapshot.table.is_none();
-            report.committed = true;
-            report.table_version = Some(version);
-            Ok(Attempt::Done)
-        }
-        Err(e) if is_conflict(&e) => Ok(Attempt::Conflict),
-        Err(e) => Err(table.error(e)),
-    }
-}
-
-/// Whether a commit failed because another writer committed first.
-fn is_conflict(error: &DeltaTableError) -> bool {
-    match error {
-        DeltaTableError::Transaction { source } => matches!(
-            source,
-            TransactionError::VersionAlreadyExists(_)
-                | TransactionError::MaxCommitAttempts(_)
-                | TransactionError::CommitConflict(_)
-        ),
-        DeltaTableError::VersionAlreadyExists(_) => true,
-        // Another writer created the table first; deltalake's create error type is
-        // private, so it is known by its message.
-        DeltaTableError::GenericError { source } => {
-            source.to_string().contains("table already exists")
-        }
-        _ => false,
-    }
-}
-
-/// Files this attempt wrote; deleted again unless the commit referencing them succeeds.
-struct Written<'a> {
-    table: &'a Table,
-    paths: Vec<String>,
-}
-
-impl<'a> Written<'a> {
-    fn new(table: &'a Table) -> Self {
-        Self {
-            table,
-            paths: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, path: String) {
-        self.paths.push(path);
-    }
-
-    fn keep(&mut self) {
-        self.paths.clear();
-    }
-}
-
-impl Drop for Written<'_> {
-    fn drop(&mut self) {
-        // Best effort: what is left is unreferenced, invisible to readers, and vacuumable.
-        for path in &self.paths {
-            let _ = self.table.delete_file(path);
-        }
-    }
-}
-
-fn unique_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let seed = format!(
-        "{nanos}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
-    format!("{:032x}", twox_hash::XxHash3_128::oneshot(seed.as_bytes()))
-}
-
-fn read_snapshot(job: &MergeJob, table: &Table, batch: &Batch) -> Result<Snapshot> {
-    let Some(delta) = table.load()? else {
-        let partitioning = Partitioning::try_new(&job.partition_by, &batch.schema, &table.name)?;
-        if let Some(p) = &partitioning {
-            p.check_creatable(&batch.schema, &table.name)?;
-        }
-        return Ok(Snapshot {
-            table: None,
-            schema: Arc::clone(&batch.schema),
-            files: Vec::new(),
-            buckets: job.buckets,
-            partitioning,
-            configuration: HashMap::new(),
-        });
+    let change = Change {
+        outcome: &outcome,
+        found: &found,
+        data_change,
+        tombstones: next,
+        now,
     };
-    let state = delta.snapshot().map_err(|e| table.error(e))?;
-    let metadata = state.metadata();
-    let configuration: HashMap<String, String> = metadata.configuration().clone();
-    check_readable(table, &configuration)?;
-    let partition_columns = metadata.partition_columns();
-    let buckets = check_creation_options(job, table, &delta)?;
-    for (property, columns) in [
-        (KEY_PROPERTY, &batch.spec.keys),
-        (VERSION_PROPERTY, &batch.spec.versions),
-    ] {
-        if let Some(recorded) = configuration.get(property)
-            && *recorded != columns.join(",")
-        {
-            return Err(Error::InvalidArgument(format!(
-                "{}: the table was created with {} {recorded}, this merge uses {}",
-                table.name,
-                property.trim_start_matches("idem."),
-                columns.join(",")
-            )));
-        }
+    let attempt = target.commit(job, &snapshot, batch, change, report)?;
+    if let Attempt::Done = attempt {
+        report.created = !exists;
+        report.committed = true;
     }
-    let schema = table_schema(table, state)?;
-    check_batch_schema(table, &schema, &batch.schema)?;
-    let partitioning = Partitioning::try_new(partition_columns, &schema, &table.name)?;
-    let first_key = &batch.spec.keys[0];
-    let mut files = Vec::new();
-    for view in state.log_data().iter() {
-        if view.deletion_vector_descriptor().is_some() {
-            return Err(deletion_vector_error(table, &view.path()));
-        }
-        let path = view.path().to_string();
-        let partition = match &partitioning {
-            None => None,
-            Some(p) => {
-                let raw = view.partition_values_map();
-                let (values, columns) = p.of_file(&raw, &path)?;
-                Some(FilePartition {
-                    values,
-                    columns,
-                    raw,
-                })
-            }
-        };
-        let stats: Option<Value> = view.stats().and_then(|s| serde_json::from_str(&s).ok());
-        let first_key_bounds = stats.as_ref().and_then(|s| {
-            let low = s.get("minValues")?.get(first_key)?.clone();
-            let high = s.get("maxValues")?.get(first_key)?.clone();
-            Some((low, high))
-        });
-        files.push(TableFile {
-            bucket: buckets.and_then(|_| bucket_of_path(&path)),
-            size: view.size().max(0) as u64,
-            rows: view.num_records().map(|n| n as u64),
-            first_key_bounds,
-            partition,
-            path,
-        });
-    }
-    Ok(Snapshot {
-        table: Some(delta),
-        schema,
-        files,
-        buckets,
-        partitioning,
-        configuration,
-    })
-}
-
-/// `--buckets` and `--partition-by` apply at creation; given for an existing table, they
-/// must be what it was created with. Returns the table's number of buckets.
-fn check_creation_options(
-    job: &MergeJob,
-    table: &Table,
-    delta: &DeltaTable,
-) -> Result<Option<u32>> {
-    let metadata = delta.snapshot().map_err(|e| table.error(e))?.metadata();
-    let buckets = match metadata.configuration().get(BUCKETS_PROPERTY) {
-        Some(n) => Some(n.parse::<u32>().map_err(|_| {
-            Error::InvalidArgument(format!("{}: bad {BUCKETS_PROPERTY} '{n}'", table.name))
-        })?),
-        None => None,
-    };
-    if job.buckets.is_some() && job.buckets != buckets {
-        return Err(Error::InvalidArgument(format!(
-            "{}: --buckets applies when a table is created; this table has {}",
-            table.name,
-            buckets.map_or("no buckets".to_owned(), |b| format!("{b} buckets"))
-        )));
-    }
-    let partition_columns = metadata.partition_columns();
-    if !job.partition_by.is_empty() && job.partition_by != *partition_columns {
-        return Err(Error::InvalidArgument(format!(
-            "{}: --partition-by applies when a table is created; this table is {}",
-            table.name,
-            if partition_columns.is_empty() {
-                "not partitioned".to_owned()
-            } else {
-                format!("partitioned by {}", partition_columns.join(","))
-            }
-        )));
-    }
-    Ok(buckets)
-}
-
-/// The batch must have the table's columns with the table's types: no silent drift.
-fn check_batch_schema(
-    table: &Table,
-    table_schema: &SchemaRef,
-    batch_schema: &SchemaRef,
-) -> Result<()> {
-    for field in table_schema.fields() {
-        let Ok(found) = batch_schema.field_with_name(field.name()) else {
-            return Err(Error::MissingRequiredColumn {
-                path: table.display(""),
-                column: field.name().clone(),
-            });
-        };
-        if !crate::schema::same_family(found.data_type(), field.data_type()) {
-            return Err(Error::SchemaMismatch {
-                path: table.display(""),
-                column: field.name().clone(),
-                expected: field.data_type().to_string(),
-                found: found.data_type().to_string(),
-            });
-        }
-    }
-    if let Some(extra) = batch_schema
-        .fields()
-        .iter()
-        .find(|f| table_schema.field_with_name(f.name()).is_err())
-    {
-        return Err(Error::InvalidArgument(format!(
-            "{}: the batch has a column '{}' the table does not have; add it to the table \
-             first (schema evolution is not automatic)",
-            table.name,
-            extra.name()
-        )));
-    }
-    Ok(())
-}
-
-fn bucket_of_path(path: &str) -> Option<u32> {
-    let name = path.rsplit('/').next()?;
-    name.strip_prefix("bucket-")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
-}
-
-fn merge_operation() -> DeltaOperation {
-    DeltaOperation::Merge {
-        predicate: None,
-        merge_predicate: Some("target.key = source.key".to_owned()),
-        matched_predicates: vec![
-            MergePredicate {
-                action_type: "update".to_owned(),
-                predicate: Some(
-                    "source.version > target.version AND NOT source.is_delete".to_owned(),
-                ),
-            },
-            MergePredicate {
-                action_type: "delete".to_owned(),
-                predicate: Some("source.version > target.version AND source.is_delete".to_owned()),
-            },
-        ],
-        not_matched_predicates: vec![MergePredicate {
-            action_type: "insert".to_owned(),
-            predicate: Some("NOT source.is_delete AND NOT blocked_by_tombstone".to_owned()),
-        }],
-        not_matched_by_source_predicates: Vec::new(),
-    }
-}
-
-fn create_table(
-    job: &MergeJob,
-    table: &Table,
-    batch: &Batch,
-    snapshot: &Snapshot,
-    mut configuration: HashMap<String, String>,
-    actions: Vec<Action>,
-    properties: CommitProperties,
-) -> std::result::Result<u64, DeltaTableError> {
-    let schema = StructType::try_from_arrow(snapshot.schema.as_ref()).map_err(|e| {
-        DeltaTableError::Generic(format!("the batch's schema has no Delta equivalent: {e}"))
-    })?;
-    configuration.insert(KEY_PROPERTY.to_owned(), batch.spec.keys.join(","));
-    configuration.insert(VERSION_PROPERTY.to_owned(), batch.spec.versions.join(","));
-    if let Some(n) = job.buckets {
-        configuration.insert(BUCKETS_PROPERTY.to_owned(), n.to_string());
-    }
-    let name = table
-        .name
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or("events")
-        .to_owned();
-    let builder = DeltaTable::new(Arc::clone(&table.log_store))
-        .create()
-        .with_table_name(name)
-        .with_columns(schema.fields().cloned())
-        .with_partition_columns(
-            snapshot
-                .partitioning
-                .as_ref()
-                .map(Partitioning::columns)
-                .unwrap_or_default(),
-        )
-        .with_configuration(configuration.into_iter().map(|(k, v)| (k, Some(v))))
-        .with_raise_if_key_not_exists(false)
-        .with_save_mode(SaveMode::ErrorIfExists)
-        .with_actions(actions)
-        .with_commit_properties(properties);
-    let created = table
-        .block_on(builder.into_future())
-        .map_err(|e| DeltaTableError::Generic(e.to_string()))??;
-    Ok(created.version().unwrap_or(0))
-}
-
-fn commit_to(
-    table: &Table,
-    delta: &DeltaTable,
-    snapshot: &Snapshot,
-    configuration: HashMap<String, String>,
-    mut actions: Vec<Action>,
-    properties: CommitProperties,
-) -> std::result::Result<u64, DeltaTableError> {
-    let state = delta.snapshot()?;
-    if configuration != snapshot.configuration {
-        let mut metadata = state.metadata().clone();
-        for (key, value) in configuration {
-            if snapshot.configuration.get(&key) != Some(&value) {
-                metadata = metadata.add_config_key(key, value)?;
-            }
-        }
-        actions.push(Action::Metadata(metadata));
-    }
-    let commit = CommitBuilder::from(properties).with_actions(actions).build(
-        Some(state),
-        Arc::clone(&table.log_store),
-        merge_operation(),
-    );
-    let finalized = table
-        .block_on(commit.into_future())
-        .map_err(|e| DeltaTableError::Generic(e.to_string()))??;
-    Ok(finalized.version())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bucket_numbers_come_from_file_names() {
-        assert_eq!(bucket_of_path("bucket-00017-abc.parquet"), Some(17));
-        assert_eq!(bucket_of_path("x/bucket-00003-abc.parquet"), Some(3));
-        assert_eq!(bucket_of_path("part-abc.parquet"), None);
-    }
+    Ok(attempt)
 }

@@ -1,7 +1,8 @@
-//! Remembered deletes: (key, version, when) rows in a Parquet file under `_idem/`, named by
-//! the table's metadata so that they change in the same commit as the data.
+//! Remembered deletes: (key, version, when) rows that a target stores with its data and
+//! changes in the same commit, so that a late older update of a deleted key stays out.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,15 +10,13 @@ use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt3
 use arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema};
 
+use super::Batch;
 use super::keyed::KeyedRows;
-use super::table::Table;
-use super::{Batch, Snapshot, TOMBSTONES_PROPERTY};
 use crate::error::{Error, Result};
-use crate::input::InputFile;
-use crate::schema::conform;
+use crate::read::schema::conform;
 
 /// Column of the tombstone state: when the delete was applied, milliseconds since the epoch.
-const DELETED_AT: &str = "_idem_deleted_at_ms";
+pub(super) const DELETED_AT: &str = "_idem_deleted_at_ms";
 
 /// The live tombstones of the version read.
 pub(super) struct Tombstones {
@@ -25,39 +24,15 @@ pub(super) struct Tombstones {
     pub(super) expired: u64,
 }
 
-pub(super) fn read_tombstones(
-    table: &Table,
-    snapshot: &Snapshot,
+/// The tombstones of `rows` (a stored tombstone state read from `display`) that are live
+/// at `now`, in the batch's stored types.
+pub(super) fn live_tombstones(
+    rows: RecordBatch,
+    display: &Path,
     batch: &Batch,
     retention: Duration,
     now: i64,
 ) -> Result<Tombstones> {
-    let none = Tombstones {
-        rows: None,
-        expired: 0,
-    };
-    let Some(path) = snapshot
-        .configuration
-        .get(TOMBSTONES_PROPERTY)
-        .filter(|p| !p.is_empty())
-    else {
-        return Ok(none);
-    };
-    let source = table.state_file(path)?;
-    let file = InputFile::open(&source)?;
-    let display = source.path();
-    let mut batches = Vec::new();
-    for b in file.read_columns(
-        &file
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .collect::<Vec<_>>(),
-    )? {
-        batches.push(b?);
-    }
-    let rows = concat_batches(file.schema(), &batches).map_err(Error::arrow(&display))?;
     let horizon = now.saturating_sub(retention.as_millis().min(i64::MAX as u128) as i64);
     let deleted_at = rows
         .column_by_name(DELETED_AT)
@@ -83,7 +58,7 @@ pub(super) fn read_tombstones(
             Err(_) => f.as_ref().clone(),
         })
         .collect();
-    let rows = conform(&rows, &Arc::new(Schema::new(wanted)), false, &display)?;
+    let rows = conform(&rows, &Arc::new(Schema::new(wanted)), false, display)?;
     let rows = KeyedRows::try_new(rows, &batch.spec.keys, &batch.spec.versions)
         .map_err(Error::arrow(&display))?;
     Ok(Tombstones {

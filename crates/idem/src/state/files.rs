@@ -1,5 +1,4 @@
-//! Dedup across runs: `idem dedup --state URL`, the "dedup cache" of a pipeline whose
-//! output is an append-only log rather than an upserted table.
+//! The state as files on any store: Parquet key files and JSON manifests.
 //!
 //! ```text
 //!  <state>/_manifest/00000000000000000007.json   the commit point: files, watermark, runs
@@ -25,11 +24,8 @@
 //! before it commits the state; after, both. New state never stands without its output.
 //! A batch whose inputs (fingerprint) a committed run already applied is not run again.
 
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
@@ -47,11 +43,13 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
-use crate::dedup::WinnerFilter;
+use super::{LatePolicy, StateOptions, StateReport, WinnerFilter};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, expand_inputs, fingerprint};
-use crate::report::{check_time_column, event_times};
+use crate::read::event_time::{check_time_column, event_times};
+use crate::read::expand::expand_inputs;
+use crate::read::input::{InputFile, fingerprint};
 use crate::storage::{RemoteLocation, StorageOptions, managed_directory};
+use crate::units::now_millis;
 
 /// Key-hash partitions of a new state: each is one file, rewritten only when a run adds
 /// to it or expires from it.
@@ -67,140 +65,6 @@ const BLOOM_BITS_PER_KEY: u64 = 16;
 const BLOOM_PROBES: u64 = 11;
 const BLOOM_MAGIC: &[u8; 8] = b"IDEMBLM1";
 const FORMAT: &str = "idem-state/1";
-
-/// What a run does with rows older than the watermark, whose key's entry may have expired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LatePolicy {
-    /// Drop them (counted as `late`): no duplicate can slip through, a late original is lost.
-    #[default]
-    Drop,
-    /// Emit them unless their key is still in the state: nothing is lost, a late replay
-    /// may be a duplicate.
-    Emit,
-    /// Fail the run, writing nothing.
-    Error,
-}
-
-impl FromStr for LatePolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "drop" => Ok(Self::Drop),
-            "emit" => Ok(Self::Emit),
-            "error" => Ok(Self::Error),
-            other => Err(format!(
-                "unknown late policy '{other}': expected drop, emit or error"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for LatePolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Drop => "drop",
-            Self::Emit => "emit",
-            Self::Error => "error",
-        })
-    }
-}
-
-/// `--state` and its companions.
-#[derive(Debug, Clone)]
-pub struct StateOptions {
-    /// Directory or URL prefix of the state.
-    pub location: String,
-    /// Event-time column (timestamp or date) that entries expire by.
-    pub time_column: String,
-    /// How long after the newest event time a key is remembered.
-    pub retention: Duration,
-    /// Extra time on top of the retention, for producers whose clocks lag.
-    pub safety_buffer: Duration,
-    /// What to do with rows older than the watermark.
-    pub late: LatePolicy,
-}
-
-impl StateOptions {
-    /// State at `location`, expiring by `time_column` after `retention`; no safety buffer,
-    /// late rows dropped.
-    pub fn new(
-        location: impl Into<String>,
-        time_column: impl Into<String>,
-        retention: Duration,
-    ) -> Self {
-        Self {
-            location: location.into(),
-            time_column: time_column.into(),
-            retention,
-            safety_buffer: Duration::ZERO,
-            late: LatePolicy::Drop,
-        }
-    }
-
-    fn horizon_us(&self) -> i64 {
-        i64::try_from((self.retention + self.safety_buffer).as_micros()).unwrap_or(i64::MAX)
-    }
-}
-
-/// What the state did in a run; `state` in the stats.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StateReport {
-    /// The state's location.
-    pub location: String,
-    /// Manifest version after the run.
-    pub version: u64,
-    /// The same inputs were already applied by a committed run: nothing was read or written.
-    pub already_applied: bool,
-    /// Rows emitted whose key the state did not hold.
-    pub new_keys: u64,
-    /// Rows emitted because they are a newer version (or delete) of a key emitted before.
-    pub updated: u64,
-    /// Rows dropped because their key was emitted before at an equal or newer version.
-    pub seen_before: u64,
-    /// Deletes emitted (of keys emitted before; among `updated`).
-    pub deletes_emitted: u64,
-    /// Winning deletes of keys not live downstream: recorded, not written (counted as
-    /// `deleted` in the run's stats).
-    pub deletes_recorded: u64,
-    /// Rows older than the watermark whose key the state did not hold.
-    pub late: u64,
-    /// What happened to them (`drop` or `emit`).
-    pub late_policy: String,
-    /// Rows whose key had expired from the state and came back (estimated by Bloom filters,
-    /// ≈ 0.05 % false positives): the retention or safety buffer is too short.
-    pub evicted_then_seen: u64,
-    /// Entries expired by this run's watermark.
-    pub expired: u64,
-    /// Keys in the state after the run.
-    pub keys: u64,
-    /// Bytes of the state's key files after the run.
-    pub bytes: u64,
-    /// Bytes of the evicted-key filters after the run.
-    pub evicted_filter_bytes: u64,
-    /// `bytes / keys`.
-    pub bytes_per_key: f64,
-    /// Key files written by this run (partitions with changes); the rest were kept.
-    pub files_written: usize,
-    /// Newest event time seen by any run, as RFC 3339.
-    pub max_event_time: Option<String>,
-    /// Entries and rows older than this (RFC 3339) are expired and late.
-    pub watermark: Option<String>,
-}
-
-impl StateReport {
-    /// Winners the state held back: `seen_before`, and late rows under `--late drop`. With
-    /// the run's counts: `rows_in = rows_out + duplicates + superseded + deleted + dropped()`.
-    pub fn dropped(&self) -> u64 {
-        self.seen_before
-            + if self.late_policy == "drop" {
-                self.late
-            } else {
-                0
-            }
-    }
-}
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Manifest {
     format: String,
@@ -272,7 +136,7 @@ pub(crate) fn prepare(
         .iter()
         .map(InputFile::open)
         .collect::<Result<_>>()?;
-    let schema = crate::schema::unify(files.iter().map(|f| (f.path(), f.schema())))?;
+    let schema = crate::read::schema::unify(files.iter().map(|f| (f.path(), f.schema())))?;
     let batch_fingerprint = fingerprint(&files, spec)?;
     let layouts = Layouts::try_new(&schema, spec, files.first().map(InputFile::path))?;
     if let Some(manifest) = &manifest {
@@ -521,15 +385,18 @@ impl Entries {
                 ))
             })?;
             let path = location.display_path();
-            let metadata =
-                crate::decoding::load_parquet_metadata(&bytes, ArrowReaderOptions::new(), &path)?;
-            let reader = crate::decoding::guarded(&path, || {
+            let metadata = crate::read::decoding::load_parquet_metadata(
+                &bytes,
+                ArrowReaderOptions::new(),
+                &path,
+            )?;
+            let reader = crate::read::decoding::guarded(&path, || {
                 ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata)
                     .build()
                     .map_err(Error::parquet(&path))
             })?;
             let batches = reader.map(|batch| batch.map_err(Error::arrow(&path)));
-            for batch in crate::decoding::guarded_iter(path.clone(), batches) {
+            for batch in crate::read::decoding::guarded_iter(path.clone(), batches) {
                 let batch = batch?;
                 entries.append_batch(&batch, &path)?;
             }
@@ -1066,12 +933,6 @@ fn report_of(manifest: &Manifest, options: &StateOptions, already_applied: bool)
 fn rfc3339(micros: i64) -> String {
     arrow::temporal_conversions::timestamp_us_to_datetime(micros)
         .map_or_else(|| micros.to_string(), |t| t.and_utc().to_rfc3339())
-}
-
-fn now_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A name no other run uses: the state version, and a hash of the batch, the process and

@@ -107,7 +107,7 @@ pub fn dedup_metrics(report: &DedupReport) -> String {
 
 /// The `--state` counts: alert on `idem_state_evicted_then_seen` (the retention is too
 /// short) and on `idem_state_late`, watch `idem_state_bytes` grow to its plateau.
-fn state_series(state: &crate::StateReport) -> [(&'static str, &'static str, f64); 9] {
+fn state_series(state: &crate::state::StateReport) -> [(&'static str, &'static str, f64); 9] {
     [
         (
             "state_new_keys",
@@ -156,7 +156,7 @@ fn state_series(state: &crate::StateReport) -> [(&'static str, &'static str, f64
 /// The report of an `idem merge` run as Prometheus text, labelled `command="merge"` and
 /// the table.
 #[cfg(feature = "delta")]
-pub fn merge_metrics(report: &crate::MergeReport) -> String {
+pub fn merge_metrics(report: &crate::merge::MergeReport) -> String {
     let labels = format!(r#"command="merge",table="{}""#, label(&report.table));
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let series: [(&str, &str, f64); 18] = [
@@ -254,7 +254,7 @@ fn now() -> f64 {
 
 /// The report of an `idem verify` run as Prometheus text, labelled `command="verify"` and
 /// the target (as given): alert on `idem_verify_matches == 0`.
-pub fn verify_metrics(report: &crate::VerifyReport, target: &str) -> String {
+pub fn verify_metrics(report: &crate::verify::VerifyReport, target: &str) -> String {
     let labels = format!(r#"command="verify",target="{}""#, label(target));
     let series: [(&str, &str, f64); 12] = [
         (
@@ -324,7 +324,7 @@ pub fn verify_metrics(report: &crate::VerifyReport, target: &str) -> String {
 /// What an `idem sql` statement's dedup operators counted, as Prometheus text, labelled
 /// `command="sql"` and the output (empty when printed).
 #[cfg(feature = "sql")]
-pub fn sql_metrics(run: &crate::SqlRun, output: &str) -> String {
+pub fn sql_metrics(run: &crate::sql::SqlRun, output: &str) -> String {
     let labels = format!(r#"command="sql",output="{}""#, label(output));
     let count = |name: &str| run.dedup.get(name).copied().unwrap_or(0);
     let rows_in = count("rows_in");
@@ -420,7 +420,7 @@ fn render(labels: &str, series: &[(&str, &str, f64)], elapsed: f64, inputs: &[Fi
 /// # Errors
 /// The directory cannot be written.
 pub fn write_metrics(path: &Path, text: &str) -> Result<()> {
-    crate::output::replace_file(path, text, "--metrics")
+    crate::write::publish::replace_file(path, text, "--metrics")
 }
 
 #[cfg(test)]

@@ -35,10 +35,12 @@ use idem_core::{
     TieRow,
 };
 
-use crate::dedup::{DECODE_GAPS_BELOW, FilePlan, Progress, pipeline};
+use super::pipeline::pipeline;
+use super::plan::{DECODE_GAPS_BELOW, FilePlan};
 use crate::error::{Error, Result};
-use crate::input::{FilePiece, InputFile};
-use crate::schema::conform;
+use crate::progress::Progress;
+use crate::read::input::{FilePiece, InputFile};
+use crate::read::schema::conform;
 
 /// Share of `--memory-limit` the keep-max table may use: the rest is for decoding,
 /// encoding and the table's own growth (a vector that doubles briefly holds both copies).
@@ -779,7 +781,7 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dedup::NoProgress;
+    use crate::progress::NoProgress;
     use arrow::array::{Int64Array, StringArray};
     use idem_core::rng::SplitMix64;
     use idem_core::{DedupOptions, DeletePolicy, TiePolicy};
@@ -830,7 +832,7 @@ mod tests {
                 .expect("writer");
                 writer.write(&batch).expect("write");
                 writer.close().expect("close");
-                InputFile::open(&crate::input::InputSource::Local(path)).expect("open")
+                InputFile::open(&crate::read::input::InputSource::Local(path)).expect("open")
             })
             .collect()
     }

@@ -8,19 +8,20 @@ use arrow::array::{Array, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use serde_json::Value;
 
-use super::partition::PartitionValues;
-use super::table::Table;
-use super::{Batch, MergeReport, Outcome, Snapshot};
+use super::Snapshot;
 use crate::error::{Error, Result};
-use crate::input::InputFile;
-use crate::schema::conform;
+use crate::merge::{Batch, MergeReport, Outcome};
+use crate::read::delta::Table;
+use crate::read::delta::partition::PartitionValues;
+use crate::read::input::InputFile;
+use crate::read::schema::conform;
 
 /// A table row that holds a batch key: (winner, file, row in file, encoded table version).
 type Match = (u32, u32, u32, Vec<u8>);
 
 /// Where the table holds the batch's keys: every match (file, row) and the greatest version
 /// per winner.
-pub(super) struct Found {
+pub(crate) struct Found {
     pub(super) matches: Vec<(u32, u32, u32)>,
     versions: Vec<u8>,
     present: Vec<bool>,

@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::TOMBSTONES_PROPERTY;
-use super::table::Table;
 use crate::error::{Error, Result};
+use crate::read::delta::Table;
 use crate::storage::StorageOptions;
 
 /// What `idem vacuum` removed (or would remove, in a dry run).

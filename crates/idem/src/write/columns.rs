@@ -6,7 +6,7 @@
 //! at the same rows — on two threads, so the file holds the same bytes as `ArrowWriter`
 //! would write, only sooner. (With [`ChunkTuning::Adaptive`], each column chunk's
 //! dictionary and codec follow what they did two row groups before: see
-//! [`crate::chunk_settings`].)
+//! [`crate::write::chunk_settings`].)
 //!
 //! ```text
 //!   write(batch) ──▶ batches in flight [n, n+1, …], in row groups g (ended), g+1 (open)
@@ -37,9 +37,9 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::SchemaDescriptor;
 
-use crate::bounds::{BoundsPlan, FieldWriter};
-use crate::chunk_settings::{ChunkSettings, ChunkTuning};
-use crate::direct::OutputFile;
+use crate::write::bounds::{BoundsPlan, FieldWriter};
+use crate::write::chunk_settings::{ChunkSettings, ChunkTuning};
+use crate::write::direct::OutputFile;
 
 /// Threads encoding columns besides the one calling [`ParallelWriter::write`], which hands
 /// out batches and, while it would otherwise wait for room, encodes too.
@@ -637,7 +637,7 @@ pub(crate) mod tests {
     use arrow::datatypes::{DataType, Field, Fields, Int64Type, Schema};
 
     use super::*;
-    use crate::output::writer_properties;
+    use crate::write::properties::writer_properties;
 
     pub(crate) fn batch(start: i64, rows: usize) -> RecordBatch {
         let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(start..start + rows as i64));
@@ -674,7 +674,7 @@ pub(crate) mod tests {
         schema: &arrow::datatypes::Schema,
     ) -> WriterProperties {
         use parquet::file::properties::EnabledStatistics;
-        crate::bounds::set_text_statistics(
+        crate::write::bounds::set_text_statistics(
             properties.clone().into_builder(),
             schema,
             EnabledStatistics::Chunk,

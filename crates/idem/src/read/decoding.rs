@@ -126,7 +126,7 @@ fn check_column_ranges(metadata: &ParquetMetaData, file_len: u64, path: &Path) -
 }
 
 /// Refuses a Parquet file whose footer embeds an Arrow schema that arrow-ipc cannot decode
-/// (it would panic on it: see [`crate::ipc_schema`]).
+/// (it would panic on it: see [`crate::read::ipc_schema`]).
 fn check_embedded_schema(metadata: &ParquetMetaData, path: &Path) -> Result<()> {
     use base64::Engine;
     let Some(encoded) = metadata
@@ -148,7 +148,7 @@ fn check_embedded_schema(metadata: &ParquetMetaData, path: &Path) -> Result<()> 
             } else {
                 &bytes[..]
             };
-            match crate::ipc_schema::check_message(message) {
+            match crate::read::ipc_schema::check_message(message) {
                 Ok(()) => return Ok(()),
                 Err(problem) => problem,
             }

@@ -17,8 +17,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, TimeUnit, TimestampSecondType};
+use arrow::datatypes::{TimeUnit, TimestampSecondType};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -26,7 +25,9 @@ use idem_core::RowHasher;
 
 use crate::dedup::{DedupJob, DedupReport};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, expand_inputs};
+use crate::read::event_time::{check_time_column, event_times};
+use crate::read::expand::expand_inputs;
+use crate::read::input::InputFile;
 
 /// What to put in a report beyond the run's statistics.
 #[derive(Debug, Clone)]
@@ -77,41 +78,6 @@ pub fn check_report(job: &DedupJob, options: &ReportOptions) -> Result<()> {
     Ok(())
 }
 
-/// Checks that `file` has the event-time column `column`, as a timestamp or date.
-///
-/// # Errors
-/// The column is missing or of another type, named with the file.
-pub(crate) fn check_time_column(file: &InputFile, column: &str) -> Result<()> {
-    let field =
-        file.schema()
-            .field_with_name(column)
-            .map_err(|_| Error::MissingRequiredColumn {
-                path: file.path().to_path_buf(),
-                column: column.to_owned(),
-            })?;
-    if is_temporal(field.data_type()) {
-        Ok(())
-    } else {
-        Err(time_type_error(file.path(), column, field.data_type()))
-    }
-}
-
-fn is_temporal(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64
-    )
-}
-
-fn time_type_error(path: &Path, column: &str, found: &DataType) -> Error {
-    Error::SchemaMismatch {
-        path: path.to_path_buf(),
-        column: column.to_owned(),
-        expected: "a timestamp or date (--time-column)".to_owned(),
-        found: found.to_string(),
-    }
-}
-
 /// Writes the report of a finished dedup run to `path` (replaced atomically).
 ///
 /// # Errors
@@ -131,7 +97,7 @@ pub fn write_report(
     let wanted: Vec<u64> = observed.top.iter().map(|&(_, hash)| hash).collect();
     let shown = describe_keys(&files, &job.spec.keys, &wanted)?;
     let page = render(report, options, &observed, &shown);
-    crate::output::replace_file(path, &page, "--report")
+    crate::write::publish::replace_file(path, &page, "--report")
 }
 
 /// The key hash of every row, `None` where a key column is null (such rows have no key).
@@ -265,26 +231,6 @@ fn event_seconds(
 ) -> Result<arrow::array::PrimitiveArray<TimestampSecondType>> {
     let seconds = event_times(batch, column, path, TimeUnit::Second)?;
     Ok(seconds.as_primitive::<TimestampSecondType>().clone())
-}
-
-/// The time column of `batch` as a zone-less timestamp in `unit`; a missing or
-/// non-temporal column is an error naming the file and column.
-pub(crate) fn event_times(
-    batch: &RecordBatch,
-    column: &str,
-    path: &Path,
-    unit: TimeUnit,
-) -> Result<arrow::array::ArrayRef> {
-    let values = batch
-        .column_by_name(column)
-        .ok_or_else(|| Error::MissingRequiredColumn {
-            path: path.to_path_buf(),
-            column: column.to_owned(),
-        })?;
-    if !is_temporal(values.data_type()) {
-        return Err(time_type_error(path, column, values.data_type()));
-    }
-    cast(values, &DataType::Timestamp(unit, None)).map_err(Error::arrow(path))
 }
 
 /// `column=value, …` of the first row with each wanted key hash.

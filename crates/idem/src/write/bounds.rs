@@ -376,8 +376,8 @@ mod tests {
     use parquet::file::properties::WriterProperties;
 
     use super::*;
-    use crate::columns::tests::{chunk_statistics_by_writer, written};
-    use crate::output::writer_properties;
+    use crate::write::columns::tests::{chunk_statistics_by_writer, written};
+    use crate::write::properties::writer_properties;
     use idem_core::rng::SplitMix64 as Rng;
 
     /// Text whose min and max are long enough to be cut, cut inside multi-byte

@@ -20,10 +20,10 @@ use parquet::file::reader::ChunkReader;
 
 use idem_core::DedupSpec;
 
-use crate::decoding::{corrupt, guarded, guarded_iter, load_parquet_metadata};
 use crate::error::{Error, Result};
-use crate::schema::with_views;
-use crate::storage::{Location, RemoteFile, StorageOptions};
+use crate::read::decoding::{corrupt, guarded, guarded_iter, load_parquet_metadata};
+use crate::read::schema::with_views;
+use crate::storage::RemoteFile;
 
 /// Rows per batch when reading.
 const BATCH_SIZE: usize = 8192;
@@ -42,7 +42,7 @@ const ROW_BATCH_BYTES: u64 = 8 << 20;
 pub enum TextLayout {
     /// As the file's schema has them.
     AsStored,
-    /// As views (`Utf8View`, `BinaryView`; see [`crate::schema::with_views`]) where the
+    /// As views (`Utf8View`, `BinaryView`; see [`crate::read::schema::with_views`]) where the
     /// file is Parquet: decoding then points into the decompressed pages instead of
     /// copying every value out of them. Arrow IPC files come as stored.
     Views,
@@ -188,108 +188,8 @@ pub struct InputFile {
 /// A stream of batches from one file.
 pub type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
-const PARQUET_EXTENSIONS: &[&str] = &["parquet", "parq", "pq"];
-const IPC_EXTENSIONS: &[&str] = &["arrow", "ipc", "feather", "arrows"];
-
-fn is_data_file(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .is_some_and(|e| {
-            PARQUET_EXTENSIONS.contains(&e.as_str()) || IPC_EXTENSIONS.contains(&e.as_str())
-        })
-}
-
-/// Hidden and marker files (`.tmp`, `_SUCCESS`, `_delta_log`) are never data.
-fn is_hidden(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
-        let path = entry.map_err(Error::io(dir))?.path();
-        if is_hidden(&path) {
-            continue;
-        }
-        if path.is_dir() {
-            walk(&path, out)?;
-        } else if is_data_file(&path) {
-            out.push(path);
-        }
-    }
-    Ok(())
-}
-
-/// Expands the inputs, in the order given: a file or object is itself, a directory or
-/// prefix every data file below it in sorted order, a glob its matches in sorted order,
-/// and a Delta Lake table (with the `delta` feature) the data files of its latest version.
-/// Inputs are local paths or URLs (`s3://bucket/prefix/*.parquet`).
-///
-/// # Errors
-/// An empty list, a path that does not exist, a directory, prefix or glob with no data
-/// files, or a store that cannot be listed.
-pub fn expand_inputs(inputs: &[String], storage: &StorageOptions) -> Result<Vec<InputSource>> {
-    if inputs.is_empty() {
-        return Err(Error::NoInput(
-            "give at least one file, directory or glob".to_owned(),
-        ));
-    }
-    let mut files = Vec::new();
-    for input in inputs {
-        #[cfg(feature = "delta")]
-        if let Some(found) = crate::merge::table_files(input, storage)? {
-            files.extend(found);
-            continue;
-        }
-        let found: Vec<InputSource> = match Location::parse(input, storage)? {
-            Location::Local(path) => expand_local(input, &path)?
-                .into_iter()
-                .map(InputSource::Local)
-                .collect(),
-            Location::Remote(remote) => remote
-                .expand(is_data_file)?
-                .into_iter()
-                .map(InputSource::Remote)
-                .collect(),
-        };
-        if found.is_empty() {
-            return Err(Error::NoInput(format!(
-                "'{input}' holds no Parquet or Arrow IPC file"
-            )));
-        }
-        files.extend(found);
-    }
-    Ok(files)
-}
-
-fn expand_local(input: &str, path: &Path) -> Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    if path.is_dir() {
-        walk(path, &mut found)?;
-    } else if path.exists() {
-        found.push(path.to_path_buf());
-    } else if input.contains(['*', '?', '[']) {
-        let pattern = glob::glob(&path.to_string_lossy())
-            .map_err(|e| Error::InvalidArgument(format!("bad glob '{input}': {e}")))?;
-        for entry in pattern {
-            let entry = entry.map_err(|e| Error::InvalidArgument(format!("{input}: {e}")))?;
-            if entry.is_dir() {
-                walk(&entry, &mut found)?;
-            } else if is_data_file(&entry) && !is_hidden(&entry) {
-                found.push(entry);
-            }
-        }
-    } else {
-        return Err(Error::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-        });
-    }
-    found.sort();
-    Ok(found)
-}
+pub(crate) const PARQUET_EXTENSIONS: &[&str] = &["parquet", "parq", "pq"];
+pub(crate) const IPC_EXTENSIONS: &[&str] = &["arrow", "ipc", "feather", "arrows"];
 
 impl InputFile {
     /// Opens a file far enough to read its schema and row count. The format comes from the
@@ -765,14 +665,14 @@ fn check_ipc_schema(input: &mut dyn ReadSeek, stream: bool) -> std::result::Resu
     let mut bytes = vec![0u8; size];
     input.read_exact(&mut bytes).map_err(io)?;
     if stream {
-        return crate::ipc_schema::check_message(&bytes);
+        return crate::read::ipc_schema::check_message(&bytes);
     }
     let footer =
         arrow::ipc::root_as_footer(&bytes).map_err(|e| format!("a corrupt footer: {e}"))?;
     let schema = footer
         .schema()
         .ok_or_else(|| "a footer without a schema".to_owned())?;
-    crate::ipc_schema::check_schema(schema)
+    crate::read::ipc_schema::check_schema(schema)
 }
 
 fn count_rows(batches: impl Iterator<Item = Result<RecordBatch>>) -> Result<u64> {
@@ -918,6 +818,8 @@ pub(crate) fn fingerprint(files: &[InputFile], spec: &DedupSpec) -> Result<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::read::expand::expand_inputs;
+    use crate::storage::StorageOptions;
 
     /// A Parquet file of `rows` rows of an integer and a text of `text_bytes` bytes.
     fn file_of(dir: &Path, name: &str, rows: usize, text_bytes: usize) -> InputFile {

@@ -263,7 +263,7 @@ mod tests {
         let schema = Arc::new(arrow::datatypes::Schema::new(vec![
             arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Int64, false),
         ]));
-        let properties = crate::output::writer_properties(&schema).expect("properties");
+        let properties = crate::write::properties::writer_properties(&schema).expect("properties");
         let file = parquet::arrow::ArrowWriter::try_new(
             std::io::sink(),
             Arc::clone(&schema),

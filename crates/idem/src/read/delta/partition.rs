@@ -20,7 +20,7 @@ use deltalake_core::kernel::scalars::ScalarExt;
 use hashbrown::HashMap as FastMap;
 
 use crate::error::{Error, Result};
-use crate::input::ConstantColumns;
+use crate::read::input::ConstantColumns;
 
 /// The partition columns of a table, with their types.
 #[derive(Debug, Clone)]

@@ -31,28 +31,18 @@
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
-use parquet::arrow::ArrowSchemaConverter;
-use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
+use arrow::datatypes::SchemaRef;
 
-use crate::bounds::set_text_statistics;
-use crate::chunk_settings::ChunkTuning;
-use crate::columns::ParallelWriter;
-use crate::columnwise::{self, ColumnSource};
-use crate::direct::OutputFile;
+use super::by_field::{self, ColumnSource};
+use super::chunk_settings::ChunkTuning;
+use super::columns::ParallelWriter;
+use super::direct::OutputFile;
+use super::properties::{WRITE_CHUNK_ROWS, writer_properties};
+use super::publish::{
+    hidden_sibling, parent_directory, publish_parts, replace_directory, sync_directory, sync_file,
+};
 use crate::error::{Error, Result};
 use crate::storage::{Location, RemoteLocation, StorageOptions};
-
-/// Rows per row group (DuckDB writes 122,880).
-pub(crate) const MAX_ROW_GROUP_ROWS: usize = 128 * 1024;
-/// Dictionary size at which a column chunk falls back to its non-dictionary encoding.
-pub(crate) const MAX_DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
-/// Rows per call into the Parquet writer. Its page and dictionary decisions are taken per
-/// call, so calls of a fixed size make the bytes depend only on the rows, not on how the
-/// input happened to be batched: that is what makes f(f(x)) = f(x) hold byte for byte.
-pub(crate) const WRITE_CHUNK_ROWS: usize = 8192;
 
 /// Writes batches of one schema as zstd Parquet, atomically (see the module docs).
 pub struct OutputWriter {
@@ -87,65 +77,6 @@ impl std::fmt::Debug for OutputWriter {
             .field("temp", &self.temp)
             .finish()
     }
-}
-
-pub(crate) fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
-    let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
-        Error::InvalidArgument(format!("output '{}' has no file name", target.display()))
-    })?;
-    Ok(target.with_file_name(format!(".{name}.idem-{tag}-{}", std::process::id())))
-}
-
-/// The writer settings of every idem output of `schema`.
-///
-/// # Errors
-/// A schema Parquet cannot hold.
-pub(crate) fn writer_properties(schema: &Schema) -> parquet::errors::Result<WriterProperties> {
-    let mut builder = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        // A row group is buffered whole until it is written: a million rows (the default)
-        // of wide rows is hundreds of megabytes. Bounded by rows, not bytes, so that row
-        // groups fall at the same rows whatever the input's batches (f(f(x)) = f(x)).
-        .set_max_row_group_row_count(Some(MAX_ROW_GROUP_ROWS))
-        // Small row groups restart every column's dictionary; a small dictionary limit
-        // makes high-cardinality columns (UUID keys, free text) fall back to the encodings
-        // below at once instead of re-interning each row group, while low-cardinality
-        // columns keep their dictionaries. Measured faster and smaller on every shape in
-        // benches/RESULTS.md.
-        .set_dictionary_page_size_limit(MAX_DICTIONARY_PAGE_BYTES);
-    for (column, encoding) in fallback_encodings(schema)? {
-        builder = builder.set_column_encoding(column, encoding);
-    }
-    // Computed while the columns are written instead, more cheaply (see `bounds`).
-    builder = set_text_statistics(builder, schema, EnabledStatistics::None);
-    Ok(builder.build())
-}
-
-/// What each column of `schema` falls back to when its dictionary fills, where that is not
-/// `PLAIN`. zstd is most of the cost of writing, and these hand it fewer bytes: integers
-/// (versions, timestamps, ids) as bit-packed deltas, text with its lengths apart from its
-/// bytes. Chosen by physical type alone, never by the data, so the same rows give the same
-/// bytes. Both are in every Parquet reader (parquet-mr, so Spark; DuckDB, Polars and pyarrow
-/// were checked to read them back in version-1 pages; DataFusion reads with this crate).
-///
-/// # Errors
-/// A schema Parquet cannot hold.
-pub(crate) fn fallback_encodings(
-    schema: &Schema,
-) -> parquet::errors::Result<Vec<(ColumnPath, Encoding)>> {
-    let columns = ArrowSchemaConverter::new().convert(schema)?;
-    Ok(columns
-        .columns()
-        .iter()
-        .filter_map(|column| {
-            let encoding = match column.physical_type() {
-                PhysicalType::INT32 | PhysicalType::INT64 => Encoding::DELTA_BINARY_PACKED,
-                PhysicalType::BYTE_ARRAY => Encoding::DELTA_LENGTH_BYTE_ARRAY,
-                _ => return None,
-            };
-            Some((column.path().clone(), encoding))
-        })
-        .collect())
 }
 
 impl OutputWriter {
@@ -298,7 +229,7 @@ impl OutputWriter {
         Ok(())
     }
 
-    /// Writes every row of `source` column by column (see [`crate::columnwise`]), into the
+    /// Writes every row of `source` column by column (see [`super::by_field`]), into the
     /// same files, row groups and bytes as [`Self::write`] would, and tells `written` of
     /// every row group done. Only for a writer nothing was written to.
     pub(crate) fn write_columnwise(
@@ -322,7 +253,7 @@ impl OutputWriter {
         let mut first_row = 0;
         loop {
             let path = self.files.last().cloned().unwrap_or_default();
-            let rows = columnwise::write_part(
+            let rows = by_field::write_part(
                 &path,
                 &self.schema,
                 writer_properties(&self.schema).map_err(Error::parquet(&path))?,
@@ -412,57 +343,6 @@ impl OutputWriter {
     }
 }
 
-/// Puts the directory `temp` in place of `target`: an existing target is moved aside, the
-/// new one renamed into place, the old one removed. The files of `temp` and its entries are
-/// synced first, and the rename after (see the module docs).
-pub(crate) fn replace_directory(temp: &Path, target: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(temp).map_err(Error::io(temp))? {
-        let path = entry.map_err(Error::io(temp))?.path();
-        if path.is_file() {
-            sync_file(&path)?;
-        }
-    }
-    sync_directory(temp)?;
-    if target.exists() {
-        let old = hidden_sibling(target, "old")?;
-        std::fs::rename(target, &old).map_err(Error::io(target))?;
-        if let Err(e) = std::fs::rename(temp, target) {
-            // Put the previous output back rather than leave none.
-            let _ = std::fs::rename(&old, target);
-            return Err(Error::io(target)(e));
-        }
-        sync_directory(&parent_directory(target))?;
-        std::fs::remove_dir_all(&old).map_err(Error::io(&old))
-    } else {
-        std::fs::rename(temp, target).map_err(Error::io(target))?;
-        sync_directory(&parent_directory(target))
-    }
-}
-
-/// Makes a written file's bytes and size durable.
-fn sync_file(path: &Path) -> Result<()> {
-    std::fs::File::open(path)
-        .and_then(|file| file.sync_all())
-        .map_err(Error::io(path))
-}
-
-/// Makes the entries of a directory (files created in it, renames into it) durable. Only
-/// POSIX systems sync a directory through a handle; elsewhere this does nothing.
-fn sync_directory(path: &Path) -> Result<()> {
-    if cfg!(unix) {
-        sync_file(path)?;
-    }
-    Ok(())
-}
-
-/// The directory holding `path` (the current one for a bare name).
-fn parent_directory(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
 /// Uploads committed local files to the remote target (see the module docs).
 fn publish(remote: &RemoteTarget, files: &[PathBuf], single_file: bool) -> Result<Vec<PathBuf>> {
     let target = &remote.location;
@@ -474,69 +354,6 @@ fn publish(remote: &RemoteTarget, files: &[PathBuf], single_file: bool) -> Resul
         }
         _ => publish_parts(target, files),
     }
-}
-
-fn publish_parts(target: &RemoteLocation, files: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let staging = staging_prefix(target);
-    let mut staged = Vec::new();
-    for file in files {
-        let uploaded = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| Error::InvalidArgument(format!("bad part {}", file.display())))
-            .and_then(|name| {
-                let object = staging.join(name);
-                object.upload(file)?;
-                Ok((name.to_owned(), object))
-            });
-        match uploaded {
-            Ok(part) => staged.push(part),
-            Err(e) => {
-                // Best effort: the staging prefix is hidden from readers either way.
-                for (_, object) in &staged {
-                    let _ = object.delete();
-                }
-                return Err(e);
-            }
-        }
-    }
-    publish_staged(target, &staged)
-}
-
-/// A new hidden prefix under `target` to stage a directory output's objects in.
-pub(crate) fn staging_prefix(target: &RemoteLocation) -> RemoteLocation {
-    target.join(&format!(
-        "_idem-staging-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ))
-}
-
-/// Copies objects staged under a hidden prefix of `target` into place under their names,
-/// deletes the previous output's other objects, then the staged copies.
-pub(crate) fn publish_staged(
-    target: &RemoteLocation,
-    staged: &[(String, RemoteLocation)],
-) -> Result<Vec<PathBuf>> {
-    let previous = target.objects_below()?;
-    let mut published = Vec::new();
-    for (name, object) in staged {
-        let destination = target.join(name);
-        object.copy_to(&destination)?;
-        published.push(destination);
-    }
-    let kept: Vec<String> = published.iter().map(RemoteLocation::url).collect();
-    for old in previous {
-        if !kept.contains(&old.url()) {
-            old.delete()?;
-        }
-    }
-    for (_, object) in staged {
-        object.delete()?;
-    }
-    Ok(published.iter().map(RemoteLocation::display_path).collect())
 }
 
 impl Drop for OutputWriter {
@@ -556,26 +373,6 @@ impl Drop for OutputWriter {
     }
 }
 
-/// Replaces the local file `path` with `contents` atomically: written to a hidden
-/// temporary beside it, then renamed, so that a reader (node_exporter's textfile collector,
-/// a browser) never sees half of it. `option` names the flag that gave the path.
-///
-/// # Errors
-/// A path without a file name, or a directory that cannot be written.
-pub(crate) fn replace_file(path: &Path, contents: &str, option: &str) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
-        Error::InvalidArgument(format!("{option} '{}' has no file name", path.display()))
-    })?;
-    let temporary = path.with_file_name(format!(".{name}.idem-tmp-{}", std::process::id()));
-    std::fs::write(&temporary, contents).map_err(Error::io(&temporary))?;
-    sync_file(&temporary)
-        .and_then(|()| std::fs::rename(&temporary, path).map_err(Error::io(path)))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&temporary);
-        })?;
-    sync_directory(&parent_directory(path))
-}
-
 #[cfg(test)]
 mod tests {
     use std::fs::File;
@@ -586,6 +383,8 @@ mod tests {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     use super::*;
+    use arrow::datatypes::Schema;
+    use parquet::basic::Encoding;
 
     /// Unique integers and text fill their dictionaries and fall back to the delta
     /// encodings; a column of six values keeps its dictionary; every value reads back.

@@ -1,4 +1,6 @@
-//! The dedup job: files in, one row per key out, with late materialisation.
+//! The dedup: files in, one row per key out, with late materialisation — the `idem dedup`
+//! job, and the two passes that every other job (merge, verify, cluster) runs through
+//! [`dedup_rows`].
 //!
 //! ```text
 //!  pass 1  every file, key + version + op columns only ──▶ KeepMaxTable
@@ -8,7 +10,7 @@
 //!  pass 2  every file, all columns, only the selected rows (Parquet row selection)
 //!            ├─ kept rows ──▶ OutputWriter (temporary name)
 //!            └─ tie rows  ──▶ TieCheck (conflicts)
-//!          or, for a wide schema, column by column (see `columnwise`): per output row
+//!          or, for a wide schema, column by column (see `by_field`): per output row
 //!          group, one field's selected rows at a time, kept ones to the writer, tied ones
 //!          hashed into their rows' sums
 //!  commit  rename into place
@@ -18,28 +20,43 @@
 //! the number of distinct keys rather than the width or length of the input; written
 //! column by column, a wide output holds two fields' readers and writers, not all of
 //! them.
+//!
+//! * `decide`: pass 1, in memory or by key partitions through spill files;
+//! * `plan`: the rows pass 2 reads from each file; `pipeline`: two threads and a queue;
+//! * `fetch`: pass 2 row by row; `by_field`: pass 2 column by column;
+//! * `report`: what a dedup reports.
+//!
+//! It may import the reading and writing layers, the state, idem-core; no other job.
 
-use std::ops::{ControlFlow, Range};
-use std::path::Path;
-use std::sync::Arc;
+mod by_field;
+mod decide;
+mod fetch;
+mod pipeline;
+mod plan;
+mod report;
+
+#[cfg(feature = "ballista")]
+pub use report::ClusterRun;
+pub(crate) use report::DedupRun;
+pub use report::{DedupReport, FileRows};
+
 use std::time::Instant;
 
-use arrow::array::BooleanBufferBuilder;
-use arrow::array::{BooleanArray, RecordBatch};
-use arrow::buffer::BooleanBuffer;
-use arrow::compute::filter_record_batch;
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use idem_core::{DedupSpec, DedupStats, TieCheck, TieHasher, TiePolicy, TieRow, describe_row};
-use serde::Serialize;
+use idem_core::{DedupSpec, DedupStats, TiePolicy};
 
-use crate::columnwise::{COLUMNWISE_FROM_FIELDS, Winners};
-use crate::decide::{Decision, decide};
 use crate::error::{Error, Result};
-use crate::input::{InputFile, TextLayout, expand_inputs};
-use crate::output::OutputWriter;
-use crate::schema::{conform, unify, with_views};
-use crate::state::{self, Prepared, StateFilter, StateOptions, StateReport};
+use crate::progress::Progress;
+use crate::read::expand::expand_inputs;
+use crate::read::input::{InputFile, TextLayout};
+use crate::read::schema::unify;
+use crate::state::{self, Prepared, StateFilter, StateOptions, WinnerFilter};
 use crate::storage::StorageOptions;
+use crate::write::output::OutputWriter;
+use by_field::{COLUMNWISE_FROM_FIELDS, Winners};
+use decide::{Decision, decide};
+use fetch::{KeepAll, fetch_rows};
 
 /// Default rows per part file of a directory output.
 pub const DEFAULT_MAX_ROWS_PER_FILE: usize = 10_000_000;
@@ -75,121 +92,6 @@ impl DedupJob {
             memory_limit: None,
             storage: StorageOptions::default(),
             state: None,
-        }
-    }
-}
-
-/// Receives progress of a long job; the CLI draws a bar with it.
-pub trait Progress: Sync {
-    /// A phase starts that will cover `total_rows` rows.
-    fn phase(&self, _name: &str, _total_rows: u64) {}
-    /// `rows` more rows of the current phase are done.
-    fn advance(&self, _rows: u64) {}
-}
-
-/// Progress that goes nowhere.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoProgress;
-
-impl Progress for NoProgress {}
-
-/// Rows read from one input file, and what became of them.
-#[derive(Debug, Clone, Serialize)]
-pub struct FileRows {
-    /// The file.
-    pub path: String,
-    /// Its rows.
-    pub rows: u64,
-    /// Its rows in the result: winners (and tombstones, where kept). Absent when the rows
-    /// were not deduplicated (a merge found the batch already applied).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kept: Option<u64>,
-    /// Its rows not in the result: duplicates, superseded versions, deletes and null keys.
-    /// A file whose share jumps points at the producer that re-sent it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dropped: Option<u64>,
-}
-
-impl FileRows {
-    /// A file's counts; `kept` when its rows were deduplicated.
-    pub(crate) fn new(file: &InputFile, kept: Option<u64>) -> Self {
-        let rows = file.num_rows();
-        Self {
-            path: file.path().display().to_string(),
-            rows,
-            kept,
-            dropped: kept.map(|k| rows.saturating_sub(k)),
-        }
-    }
-}
-
-/// The statistics of a dedup run; `--stats` writes it as JSON.
-#[derive(Debug, Clone, Serialize)]
-pub struct DedupReport {
-    /// The counts: rows in and out, duplicates, superseded, deleted, conflicts, …
-    #[serde(flatten)]
-    pub stats: DedupStats,
-    /// Number of input files.
-    pub input_files: usize,
-    /// `(duplicates + superseded) / rows_in`.
-    pub duplicate_rate: f64,
-    /// Key columns.
-    pub key: Vec<String>,
-    /// Version columns.
-    pub version: Vec<String>,
-    /// Tie policy.
-    pub on_tie: String,
-    /// The output path.
-    pub output: String,
-    /// Files written.
-    pub output_files: Vec<String>,
-    /// Rows per input file, in input order.
-    pub inputs: Vec<FileRows>,
-    /// Bytes held by the keep-max table at its largest.
-    pub table_bytes: u64,
-    /// `--memory-limit` in bytes, if one was given.
-    pub memory_limit: Option<u64>,
-    /// Key partitions pass 1 ran in: 1 in memory, more when the limit made it spill.
-    pub key_partitions: u32,
-    /// Wall time of the first pass (reading keys and versions, deciding winners).
-    pub decide_seconds: f64,
-    /// Wall time of the second pass (fetching winners, writing, committing).
-    pub write_seconds: f64,
-    /// Wall time of the whole job.
-    pub elapsed_seconds: f64,
-    /// What the state across runs did (`--state`). With it, `rows_out` counts the rows
-    /// written and `state.dropped()` the winners it held back.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<StateReport>,
-    /// Where the job ran, when on a cluster (`--cluster`). Per-file `kept` counts are not
-    /// known there: only each file's rows are reported.
-    #[cfg(feature = "ballista")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<crate::cluster::ClusterRun>,
-}
-
-impl DedupReport {
-    pub(crate) fn new(job: &DedupJob, run: &DedupRun) -> Self {
-        let stats = run.stats;
-        Self {
-            stats,
-            input_files: run.files.len(),
-            duplicate_rate: stats.duplicate_rate(),
-            key: job.spec.keys.clone(),
-            version: job.spec.versions.clone(),
-            on_tie: job.spec.options.on_tie.to_string(),
-            output: job.output.clone(),
-            output_files: Vec::new(),
-            inputs: run.file_rows(),
-            table_bytes: 0,
-            memory_limit: job.memory_limit,
-            key_partitions: 1,
-            decide_seconds: 0.0,
-            write_seconds: 0.0,
-            elapsed_seconds: 0.0,
-            state: None,
-            #[cfg(feature = "ballista")]
-            cluster: None,
         }
     }
 }
@@ -341,37 +243,6 @@ fn write_dedup(
     Ok(report)
 }
 
-/// What a dedup of some inputs found, besides its rows.
-pub(crate) struct DedupRun {
-    /// The inputs, opened.
-    pub files: Vec<InputFile>,
-    /// Their unified schema, the schema of the rows.
-    pub schema: SchemaRef,
-    /// The counts, conflicts included.
-    pub stats: DedupStats,
-    /// Rows of each file in the result.
-    pub kept_per_file: Vec<u64>,
-    /// Key partitions of the first pass.
-    pub key_partitions: u32,
-    /// The key table's largest size.
-    pub table_bytes: u64,
-    /// Wall time of the first pass.
-    pub decide_seconds: f64,
-    /// When the second pass started.
-    pub fetch_started: Instant,
-}
-
-impl DedupRun {
-    /// Each input's rows, kept and dropped, in input order.
-    pub fn file_rows(&self) -> Vec<FileRows> {
-        self.files
-            .iter()
-            .zip(&self.kept_per_file)
-            .map(|(file, &kept)| FileRows::new(file, Some(kept)))
-            .collect()
-    }
-}
-
 /// The two passes of a dedup of `job`'s inputs, without the output: `open` makes a sink once
 /// the schema is known, and `sink` gets every batch of winning rows, in output order and in
 /// that schema's types.
@@ -382,26 +253,6 @@ pub(crate) fn dedup_rows<S>(
     sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
 ) -> Result<(S, DedupRun)> {
     dedup_rows_filtered(job, progress, open, &mut KeepAll, sink)
-}
-
-/// The last say over a dedup's winners (the state across runs has it).
-pub(crate) trait WinnerFilter {
-    /// Pass 1 is done (its key table freed) and about `rows` winners will come: the time
-    /// to load what the filter needs and make room for them.
-    fn expect(&mut self, _rows: u64) -> Result<()> {
-        Ok(())
-    }
-    /// The rows of `batch`, winners read from the file at `path`, that go on.
-    fn filter(&mut self, batch: RecordBatch, path: &Path) -> Result<RecordBatch>;
-}
-
-/// Every winner goes on.
-struct KeepAll;
-
-impl WinnerFilter for KeepAll {
-    fn filter(&mut self, batch: RecordBatch, _path: &Path) -> Result<RecordBatch> {
-        Ok(batch)
-    }
 }
 
 /// [`dedup_rows`] with a last say over the winners: `filter` gets every batch of them and
@@ -440,7 +291,12 @@ pub(crate) struct Decided {
 impl Decided {
     /// What the dedup found, once pass 2 (started at `fetch_started`) kept `kept_per_file`
     /// rows of each file and found `conflicts` keys whose tied rows differ.
-    fn into_run(self, kept_per_file: Vec<u64>, conflicts: u64, fetch_started: Instant) -> DedupRun {
+    pub(crate) fn into_run(
+        self,
+        kept_per_file: Vec<u64>,
+        conflicts: u64,
+        fetch_started: Instant,
+    ) -> DedupRun {
         let mut stats = self.decision.stats;
         stats.conflicts = conflicts;
         DedupRun {
@@ -469,95 +325,7 @@ pub(crate) fn decide_job(job: &DedupJob, progress: &dyn Progress) -> Result<Deci
     })
 }
 
-/// Pass 2 row by row: reads the winners' whole rows (and tied rows, to compare them) and
-/// hands them to `sink` through `filter`, text and binary columns in `layout`: views for
-/// a Parquet writer, which takes them as it takes the schema's own types; as stored for
-/// sinks that hold on to the rows or build batches of the job's schema.
-fn fetch_rows<S>(
-    job: &DedupJob,
-    progress: &dyn Progress,
-    decided: Decided,
-    open: impl FnOnce(&SchemaRef) -> Result<S>,
-    filter: &mut dyn WinnerFilter,
-    layout: TextLayout,
-    mut sink: impl FnMut(&mut S, RecordBatch) -> Result<()>,
-) -> Result<(S, DedupRun)> {
-    let mut decided = decided;
-    let (files, schema) = (&decided.files, &decided.schema);
-    let decision = &mut decided.decision;
-    let first_path = files
-        .first()
-        .map(|f| f.path().to_path_buf())
-        .unwrap_or_default();
-    let fetch_started = Instant::now();
-    let mut check = TieCheck::try_new(schema, &job.spec, decision.tie_groups)
-        .map_err(Error::arrow(&first_path))?;
-    let mut output = open(schema)?;
-    filter.expect(decision.stats.rows_out)?;
-    progress.phase(
-        "writing",
-        decision.stats.rows_out + decision.stats.tombstones_kept,
-    );
-    // Decoding and selecting run on a second thread while this one encodes and compresses.
-    let selection = &mut decision.selection;
-    let rows_schema = match layout {
-        TextLayout::Views => Arc::new(with_views(schema)),
-        TextLayout::AsStored => Arc::clone(schema),
-    };
-    let mut kept_per_file = vec![0u64; files.len()];
-    let files_read = files;
-    let hasher = check.hasher();
-    pipeline(
-        FETCH_DEPTH,
-        |send| {
-            let mut start = 0u64;
-            for (index, file) in files.iter().enumerate() {
-                let end = start + file.num_rows();
-                let plan = match selection.plan(start, end) {
-                    Ok(plan) => plan,
-                    Err(e) => {
-                        send(Err(e));
-                        return;
-                    }
-                };
-                start = end;
-                if plan.rows_read() > 0
-                    && !fetch_planned(index, file, &plan, &rows_schema, layout, &hasher, send)
-                {
-                    return;
-                }
-            }
-        },
-        |fetched| {
-            match fetched {
-                Fetched::Kept(index, kept) => {
-                    let rows = kept.num_rows() as u64;
-                    let kept = filter.filter(kept, files_read[index].path())?;
-                    kept_per_file[index] += kept.num_rows() as u64;
-                    if kept.num_rows() > 0 {
-                        sink(&mut output, kept)?;
-                    }
-                    progress.advance(rows);
-                }
-                Fetched::Tied(tied) => {
-                    let describe =
-                        |i: usize| describe_row(&tied.batch, &job.spec, tied.rows[i] as usize);
-                    check
-                        .observe_hashed(&tied.groups, &tied.hashes, describe)
-                        .map_err(Error::arrow(tied.path))?;
-                }
-            }
-            Ok(ControlFlow::Continue(()))
-        },
-    )?;
-    let conflicts = check.conflicts();
-    Ok((
-        output,
-        decided.into_run(kept_per_file, conflicts, fetch_started),
-    ))
-}
-
-/// Whether pass 2 goes column by column (see [`crate::columnwise`]): for a wide schema of
+/// Whether pass 2 goes column by column (see [`crate::write::by_field`]): for a wide schema of
 /// Parquet inputs (whose row selection lets one column be read at a time without decoding
 /// the others), when rows are kept (tied rows are compared on the way to the output's) and
 /// a conflict is counted, not an error to raise with the whole row in hand.
@@ -594,231 +362,6 @@ fn fetch_columnwise(
     ))
 }
 
-/// Gaps between selected rows shorter than this are read and dropped by pass 2's own
-/// filter (row by row, or field by field for a wide schema) instead of being skipped by
-/// the Parquet reader. A selection fragmented into
-/// short runs makes the reader decode every row anyway and filter its batch with a mask
-/// (its `RowSelectionPolicy::Auto`, at about the same run length), and pass 2 then
-/// filtered that batch a second time by its keep mask: one copy of every kept value too
-/// many. Reading the short gaps leaves the reader long runs, which it decodes straight
-/// into its batch, and the keep mask drops the gaps with the losers in one filter.
-pub(crate) const DECODE_GAPS_BELOW: u64 = 32;
-
-/// Whole-row batches in flight between pass 2's reader and its writer: enough to ride
-/// out their speeds' ups and downs, few enough that wide rows stay cheap.
-const FETCH_DEPTH: usize = 4;
-
-/// Runs `produce` on a second thread and `consume` on this one, joined by a queue of at
-/// most `depth` items in flight. `produce` gets a `send` that returns false once the
-/// consumer has stopped, which it must heed by returning; an error it sends ends the
-/// pipeline with that error, and `consume` may stop it early with `Break`.
-pub(crate) fn pipeline<T: Send>(
-    depth: usize,
-    produce: impl FnOnce(&dyn Fn(Result<T>) -> bool) + Send,
-    mut consume: impl FnMut(T) -> Result<ControlFlow<()>>,
-) -> Result<()> {
-    std::thread::scope(|scope| {
-        let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<T>>(depth);
-        scope.spawn(move || produce(&|item| sender.send(item).is_ok()));
-        // Returning early drops the receiver, which stops the producer at its next send.
-        for item in receiver {
-            if consume(item?)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
-    })
-}
-
-/// What pass 2's reader hands to its writer.
-enum Fetched<'a> {
-    /// Rows to write, from the file at this index.
-    Kept(usize, RecordBatch),
-    /// Tie rows of a file, hashed, to compare.
-    Tied(TiedRows<'a>),
-}
-
-/// Tie rows among a batch's rows, hashed where they were read: their hashes are all a
-/// [`TieCheck`] compares, and the batch is at hand to name a conflicting row's key.
-struct TiedRows<'a> {
-    path: &'a Path,
-    batch: RecordBatch,
-    rows: Vec<u32>,
-    groups: Vec<u32>,
-    hashes: Vec<u128>,
-}
-
-/// Reads the planned rows of one file, text in `layout`, and sends them on as kept and tied
-/// batches of `schema` (the job's, with text as views for `TextLayout::Views`: see
-/// [`with_views`]). Returns false when the consumer has stopped.
-fn fetch_planned<'a>(
-    index: usize,
-    file: &'a InputFile,
-    plan: &FilePlan,
-    schema: &SchemaRef,
-    layout: TextLayout,
-    hasher: &TieHasher,
-    send: &dyn Fn(Result<Fetched<'a>>) -> bool,
-) -> bool {
-    let batches = match file.read_ranges_as(plan.ranges(), layout) {
-        Ok(batches) => batches,
-        Err(e) => {
-            send(Err(e));
-            return false;
-        }
-    };
-    let mut cursor = 0;
-    for batch in batches {
-        let batch = match batch.and_then(|b| conform(&b, schema, false, file.path())) {
-            Ok(batch) => batch,
-            Err(e) => {
-                send(Err(e));
-                return false;
-            }
-        };
-        let n = batch.num_rows();
-        let (keep, (tie_rows, groups)) = plan.slice(cursor, n);
-        cursor += n;
-        if keep.true_count() > 0 {
-            let kept = filter_record_batch(&batch, &keep).map_err(Error::arrow(file.path()));
-            if !send(kept.map(|kept| Fetched::Kept(index, kept))) {
-                return false;
-            }
-        }
-        if !tie_rows.is_empty() {
-            let tied = hasher
-                .hash_rows(&batch, &tie_rows)
-                .map_err(Error::arrow(file.path()))
-                .map(|hashes| {
-                    Fetched::Tied(TiedRows {
-                        path: file.path(),
-                        batch,
-                        rows: tie_rows,
-                        groups,
-                        hashes,
-                    })
-                });
-            if !send(tied) {
-                return false;
-            }
-        }
-    }
-    if cursor != plan.rows_read() {
-        send(Err(Error::InvalidArgument(format!(
-            "{}: expected {} selected rows, read {cursor}; was the file changed during the run?",
-            file.path().display(),
-            plan.rows_read()
-        ))));
-        return false;
-    }
-    true
-}
-
-/// The rows pass 2 reads from one file, as runs: which of them it keeps, which are tied.
-///
-/// Built a 64-row word at a time from the winners' bits: nearly every row of a file is
-/// read (short gaps are), so a list of row numbers and a flag per row cost a pass over the
-/// rows and 13 bytes each, where runs, a bit per row and the tied rows alone do not.
-pub(crate) struct FilePlan {
-    /// Runs of the file's rows to read, ascending, apart by at least the plan's gap.
-    ranges: Vec<Range<u64>>,
-    /// A bit per row read, in order: whether the row is kept.
-    keep: BooleanBuffer,
-    /// The tied rows among those read: their index among them and their tie group,
-    /// ascending.
-    ties: Vec<(u64, u32)>,
-}
-
-impl FilePlan {
-    /// The plan of a file whose first row is at position `start`: `keep` has a bit per
-    /// row of the file, set for its kept rows, and `ties` are its tied rows, ascending.
-    /// Every gap of fewer than `gaps_below` rows between two rows kept or tied is read too,
-    /// as rows neither kept nor tied (see [`DECODE_GAPS_BELOW`]).
-    pub(crate) fn new(
-        keep: &BooleanBuffer,
-        ties: impl Iterator<Item = TieRow>,
-        start: u64,
-        gaps_below: u64,
-    ) -> Self {
-        let ties: Vec<(u64, u32)> = ties.map(|t| (t.position - start, t.group)).collect();
-        let mut wanted = BooleanBufferBuilder::new(keep.len());
-        wanted.append_buffer(keep);
-        for &(row, _) in &ties {
-            wanted.set_bit(row as usize, true);
-        }
-        let mut ranges: Vec<Range<u64>> = Vec::new();
-        for (from, to) in wanted.finish().set_slices() {
-            let (from, to) = (from as u64, to as u64);
-            match ranges.last_mut() {
-                Some(last) if from - last.end < gaps_below => last.end = to,
-                _ => ranges.push(from..to),
-            }
-        }
-        let read: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-        let mut kept = BooleanBufferBuilder::new(read as usize);
-        for range in &ranges {
-            kept.append_buffer(
-                &keep.slice(range.start as usize, (range.end - range.start) as usize),
-            );
-        }
-        // Each tied row's index among the rows read: the rows of the runs before its own,
-        // and its place in its run.
-        let mut runs = ranges.iter().peekable();
-        let mut read_before = 0;
-        let ties = ties
-            .into_iter()
-            .map(|(row, group)| {
-                while let Some(run) = runs.next_if(|run| run.end <= row) {
-                    read_before += run.end - run.start;
-                }
-                let run_start = runs.peek().map_or(row, |run| run.start);
-                (read_before + row - run_start, group)
-            })
-            .collect();
-        Self {
-            ranges,
-            keep: kept.finish(),
-            ties,
-        }
-    }
-
-    /// The runs of rows to read.
-    pub(crate) fn ranges(&self) -> &[Range<u64>] {
-        &self.ranges
-    }
-
-    /// How many rows are read.
-    pub(crate) fn rows_read(&self) -> usize {
-        self.keep.len()
-    }
-
-    /// The rows, whether each is kept, and the tie group of each (`u32::MAX` for none).
-    pub(crate) fn into_parts(self) -> (Vec<u64>, Vec<bool>, Vec<u32>) {
-        let rows: Vec<u64> = self.ranges.iter().flat_map(Range::clone).collect();
-        let keep = self.keep.iter().collect();
-        let mut group = vec![u32::MAX; rows.len()];
-        for (at, tie) in self.ties {
-            group[at as usize] = tie;
-        }
-        (rows, keep, group)
-    }
-
-    /// The keep mask and the (row, group) tie list of rows read `cursor..cursor + n`.
-    fn slice(&self, cursor: usize, n: usize) -> (BooleanArray, (Vec<u32>, Vec<u32>)) {
-        let end = (cursor + n).min(self.keep.len());
-        let cursor = cursor.min(end);
-        let keep = BooleanArray::new(self.keep.slice(cursor, end - cursor), None);
-        let (from, to) = (cursor as u64, end as u64);
-        let first = self.ties.partition_point(|&(at, _)| at < from);
-        let ties = self.ties[first..]
-            .iter()
-            .take_while(|&&(at, _)| at < to)
-            .map(|&(at, group)| ((at - from) as u32, group))
-            .unzip();
-        (keep, ties)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::fs::File;
@@ -834,6 +377,7 @@ mod tests {
 
     use super::*;
     use crate::generate::{GenerateOptions, generate};
+    use crate::progress::NoProgress;
 
     /// Wide generated events in `dir`, plus two files that drifted from them: their columns
     /// in reverse order, `attr_000` narrowed to Int32, `attr_005` missing, newer versions
@@ -1139,102 +683,6 @@ mod tests {
             big.iter().collect::<Vec<_>>(),
             [Some(&[9u8; 20][..]), Some(&[5; 30]), Some(&[6; 3])]
         );
-    }
-
-    /// A file's keep bits: `rows` bits, set at `kept`.
-    fn bits(rows: usize, kept: &[usize]) -> BooleanBuffer {
-        let mut bits = BooleanBufferBuilder::new(rows);
-        bits.append_n(rows, false);
-        for &row in kept {
-            bits.set_bit(row, true);
-        }
-        bits.finish()
-    }
-
-    fn tie(position: u64, group: u32) -> TieRow {
-        TieRow { position, group }
-    }
-
-    #[test]
-    fn short_gaps_are_read_and_neither_kept_nor_tied() {
-        // Positions start at 100: rows 0, 1, 3, 40 and 100 of the file are wanted.
-        let keep = bits(120, &[0, 1, 40, 100]);
-        let plan = FilePlan::new(&keep, [tie(103, 0), tie(200, 1)].into_iter(), 100, 4);
-        // The gap of one row (2) is read; those of 36 and 59 rows are skipped.
-        assert_eq!(plan.ranges(), [0..4, 40..41, 100..101]);
-        let (rows, kept, groups) =
-            FilePlan::new(&keep, [tie(103, 0), tie(200, 1)].into_iter(), 100, 4).into_parts();
-        assert_eq!(rows, [0, 1, 2, 3, 40, 100]);
-        assert_eq!(kept, [true, true, false, false, true, true]);
-        assert_eq!(groups, [u32::MAX, u32::MAX, u32::MAX, 0, u32::MAX, 1]);
-
-        let (keep, (tie_rows, groups)) = plan.slice(1, 3);
-        assert_eq!(keep, BooleanArray::from(vec![true, false, false]));
-        assert_eq!((tie_rows, groups), (vec![2], vec![0]));
-        let (keep, (tie_rows, groups)) = plan.slice(4, 10);
-        assert_eq!(keep, BooleanArray::from(vec![true, true]));
-        assert_eq!((tie_rows, groups), (vec![1], vec![1]));
-
-        let dense = FilePlan::new(&bits(3, &[0, 1, 2]), std::iter::empty(), 0, 32);
-        assert_eq!(dense.ranges(), std::slice::from_ref(&(0..3)));
-        let none = FilePlan::new(&bits(5, &[]), std::iter::empty(), 10, 32);
-        assert_eq!(none.rows_read(), 0);
-        assert!(none.ranges().is_empty());
-    }
-
-    /// Against the row-by-row rule, on random plans: a row is read when it is kept, tied,
-    /// or in a gap shorter than the limit between two such rows.
-    #[test]
-    fn plans_read_what_the_row_by_row_rule_reads() {
-        let mut rng = idem_core::rng::SplitMix64::new(7);
-        for round in 0..200 {
-            let rows = (rng.next_u64() % 300) as usize;
-            let start = rng.next_u64() % 1000;
-            let gaps_below = rng.next_u64() % 40;
-            let density = rng.next_u64() % 100;
-            let kept: Vec<usize> = (0..rows)
-                .filter(|_| rng.next_u64() % 100 < density)
-                .collect();
-            let ties: Vec<TieRow> = (0..rows)
-                .filter(|_| rng.next_u64() % 100 < density / 3)
-                .map(|row| tie(start + row as u64, row as u32 * 7))
-                .collect();
-            let wanted: Vec<u64> = (0..rows as u64)
-                .filter(|row| {
-                    kept.contains(&(*row as usize))
-                        || ties.iter().any(|t| t.position == start + row)
-                })
-                .collect();
-            let mut expected = Vec::new();
-            for (i, &row) in wanted.iter().enumerate() {
-                if let Some(&previous) = i.checked_sub(1).map(|p| &wanted[p])
-                    && row - previous - 1 < gaps_below
-                {
-                    expected.extend(previous + 1..row);
-                }
-                expected.push(row);
-            }
-            let plan = FilePlan::new(
-                &bits(rows, &kept),
-                ties.clone().into_iter(),
-                start,
-                gaps_below,
-            );
-            let (read, keep, groups) = plan.into_parts();
-            assert_eq!(read, expected, "round {round}");
-            for (i, &row) in read.iter().enumerate() {
-                assert_eq!(
-                    keep[i],
-                    kept.contains(&(row as usize)),
-                    "round {round} row {row}"
-                );
-                let group = ties
-                    .iter()
-                    .find(|t| t.position == start + row)
-                    .map_or(u32::MAX, |t| t.group);
-                assert_eq!(groups[i], group, "round {round} row {row}");
-            }
-        }
     }
 
     #[test]

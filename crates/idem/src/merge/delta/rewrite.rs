@@ -12,13 +12,15 @@ use arrow::datatypes::SchemaRef;
 use deltalake_core::kernel::{Action, Add, Remove};
 
 use super::find::Found;
-use super::keyed::key_hashes;
-use super::partition::{PartitionValues, Partitioning};
-use super::table::{Table, now_millis};
-use super::{Batch, MergeJob, MergeReport, Outcome, Snapshot, TableFile, Written, unique_id};
+use super::{Snapshot, TableFile, Written, unique_id};
 use crate::error::{Error, Result};
-use crate::input::InputFile;
-use crate::schema::conform;
+use crate::merge::keyed::key_hashes;
+use crate::merge::{Batch, MergeJob, MergeReport, Outcome};
+use crate::read::delta::Table;
+use crate::read::delta::partition::{PartitionValues, Partitioning};
+use crate::read::input::InputFile;
+use crate::read::schema::conform;
+use crate::units::now_millis;
 
 /// Rewrites the files that hold replaced or deleted rows, and writes the new rows.
 #[allow(clippy::too_many_arguments)]
