@@ -34,7 +34,7 @@ const HEARTBEAT_INTERVAL_SECONDS: u64 = 3;
 pub struct SchedulerOptions {
     /// An executor silent (no poll) for this long is declared lost, and its tasks and
     /// shuffle outputs are scheduled again elsewhere. At least
-    /// [`MIN_EXECUTOR_TIMEOUT_SECONDS`].
+    /// `MIN_EXECUTOR_TIMEOUT_SECONDS`.
     pub executor_timeout: Duration,
     /// Attempts of one task before its job fails.
     pub task_max_failures: usize,

@@ -67,7 +67,7 @@ pub(crate) fn guarded_iter<T>(
     })
 }
 
-/// Installs a panic hook that stays silent for panics [`guarded`] catches (they become
+/// Installs a panic hook that stays silent for panics `guarded` catches (they become
 /// errors) and leaves every other panic to the hook before it.
 pub fn quiet_decoder_panics() {
     let previous = std::panic::take_hook();

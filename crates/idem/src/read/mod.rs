@@ -9,7 +9,7 @@
 //! * `event_time`: the event-time column of `--state` and `--report`.
 //! * `delta`: a Delta Lake table's log, read for the files of its latest version.
 //!
-//! It may import [`crate::storage`], [`crate::error`] and idem-core, nothing above.
+//! It may import `storage`, `error` and idem-core, nothing above.
 
 pub(crate) mod decoding;
 #[cfg(feature = "delta")]

@@ -9,7 +9,7 @@
 //! * `direct`: the output file, with O_DIRECT where the disk allows;
 //! * `publish`: renames, syncs, staged uploads.
 //!
-//! It may import [`crate::storage`], [`crate::error`] and idem-core, never the reading
+//! It may import `storage`, `error` and idem-core, never the reading
 //! layer or a job: what it writes comes to it as batches or through a `ColumnSource`.
 
 pub(crate) mod bounds;
