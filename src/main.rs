@@ -38,11 +38,11 @@ enum Command {
     /// 0: it does; 1: it does not; 2: error.
     #[command(disable_version_flag = true)]
     Verify(VerifyArgs),
-    /// Upsert a batch of event files into a Delta Lake table (created if absent): dedup the
-    /// batch, then replace a table row only by a strictly newer version, honour deletes
-    /// (remembered as tombstones for --tombstone-retention) and commit once. Re-running the
-    /// same files is detected and does nothing.
-    #[cfg(feature = "delta")]
+    /// Upsert a batch of event files into a Delta Lake table or a PostgreSQL table (created
+    /// if absent): dedup the batch, then replace a table row only by a strictly newer
+    /// version, honour deletes (remembered as tombstones for --tombstone-retention) and
+    /// commit once. Re-running the same files is detected and does nothing.
+    #[cfg(any(feature = "delta", feature = "postgres"))]
     #[command(disable_version_flag = true)]
     Merge(MergeArgs),
     /// Delete files of a Delta table that no version within the retention needs: files
@@ -208,9 +208,13 @@ struct VerifyArgs {
     /// The sources: files, directories, globs or URLs, as given to `idem dedup`.
     #[arg(long, required = true, num_args = 1.., value_name = "INPUT")]
     source: Vec<String>,
-    /// The target to check: files, directories, globs or URLs.
+    /// The target to check: files, directories, globs or URLs; or a PostgreSQL database
+    /// (postgres://…) with --table.
     #[arg(long, required = true, num_args = 1.., value_name = "PATH|URL")]
     target: Vec<String>,
+    /// The table of a PostgreSQL target, [SCHEMA.]NAME.
+    #[arg(long, value_name = "[SCHEMA.]NAME")]
+    table: Option<String>,
     #[command(flatten)]
     spec: SpecArgs,
     /// Rows of each kind of difference to describe.
@@ -322,15 +326,20 @@ struct DedupArgs {
     quiet: bool,
 }
 
-#[cfg(feature = "delta")]
+#[cfg(any(feature = "delta", feature = "postgres"))]
 #[derive(Debug, Args)]
 struct MergeArgs {
     /// The batch: Parquet or Arrow IPC files, directories or globs; paths or URLs.
     #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<String>,
-    /// The Delta table: a directory or a URL (s3://bucket/table, file://, …).
-    #[arg(long, value_name = "TABLE_URL")]
+    /// The target: a Delta table's directory or URL (s3://bucket/table, file://, …), or a
+    /// PostgreSQL database, postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE (PGHOST,
+    /// PGUSER, PGPASSWORD, … fill what it leaves out), with --table.
+    #[arg(long, value_name = "TABLE_URL|postgres://…")]
     into: String,
+    /// The table in a PostgreSQL target, [SCHEMA.]NAME (created if absent).
+    #[arg(long, value_name = "[SCHEMA.]NAME")]
+    table: Option<String>,
     #[command(flatten)]
     spec: SpecArgs,
     /// When the table is created: cluster rows into N files by key hash, so that a batch
@@ -553,11 +562,12 @@ fn write_json(target: &str, report: &impl serde::Serialize) -> Result<(), String
     }
 }
 
-#[cfg(feature = "delta")]
+#[cfg(any(feature = "delta", feature = "postgres"))]
 fn merge(args: MergeArgs) -> Result<ExitCode, String> {
     let job = idem::MergeJob {
         inputs: args.inputs,
         table: args.into,
+        target_table: args.table,
         spec: args.spec.into_spec(),
         buckets: args.buckets,
         partition_by: args.partition_by,
@@ -682,6 +692,7 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     let job = idem::VerifyJob {
         sources: args.source,
         target: args.target,
+        target_table: args.table,
         spec: args.spec.into_spec(),
         memory_limit: args.memory_limit,
         max_report: args.max_report,
@@ -692,7 +703,12 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     bar.0.finish_and_clear();
     let report = result.map_err(|e| error_line(&e))?;
     if let Some(path) = &args.metrics {
-        let text = idem::metrics::verify_metrics(&report, &job.target.join(","));
+        let label: Vec<String> = job
+            .target
+            .iter()
+            .map(|t| idem::redact_location(t))
+            .collect();
+        let text = idem::metrics::verify_metrics(&report, &label.join(","));
         idem::metrics::write_metrics(path, &text).map_err(|e| error_line(&e))?;
     }
     if args.json {
@@ -760,7 +776,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sql")]
         Command::Sql(args) => sql(args).map(|()| ExitCode::SUCCESS),
         Command::Generate(args) => generate(args).map(|()| ExitCode::SUCCESS),
-        #[cfg(feature = "delta")]
+        #[cfg(any(feature = "delta", feature = "postgres"))]
         Command::Merge(args) => merge(args),
         #[cfg(feature = "delta")]
         Command::Vacuum(args) => vacuum(args),

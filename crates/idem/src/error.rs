@@ -103,6 +103,16 @@ pub enum Error {
         /// What does not fit, naming the type or the value.
         reason: String,
     },
+    /// A PostgreSQL server refused a connection or a statement, or its data does not
+    /// fit (the server is named without its password).
+    #[error("{target}: {message}")]
+    Postgres {
+        /// The server and database, as `postgres://user@host:port/database`, and the
+        /// table where there is one.
+        target: String,
+        /// What went wrong, in one line.
+        message: String,
+    },
     /// The options contradict each other or the input.
     #[error("{0}")]
     InvalidArgument(String),

@@ -10,7 +10,7 @@
 //! * [`run_verify`] with a [`VerifyJob`]: `idem verify`, reconciliation of a target with its
 //!   sources.
 //! * [`run_merge`] with a [`MergeJob`]: `idem merge`, idempotent upserts into a Delta Lake
-//!   table (feature `delta`).
+//!   table (feature `delta`) or a PostgreSQL table (feature `postgres`).
 //! * [`storage`]: inputs and outputs on object storage (`s3://`, `gs://`, `az://`).
 //! * [`generate()`]: seeded, realistic event data for samples, tests and benchmarks.
 //!
@@ -46,10 +46,11 @@
 //!
 //! ```text
 //!  front ends   cluster (Ballista), sql (DataFusion)   observe (metrics, report)
-//!  jobs         merge (semantics; delta: the first target)   verify
+//!  jobs         merge (semantics; targets: delta, postgres)   verify
 //!               dedup (the two passes, and the `idem dedup` job)
 //!  state        state (keys emitted by earlier runs)
 //!  I/O          read (inputs, schemas, decoding, Delta logs)   write (Parquet, publishing)
+//!               pg (PostgreSQL connections, types, binary COPY)
 //!  base         storage, progress, units, error, generate          ── idem-core below all
 //! ```
 //!
@@ -65,9 +66,10 @@ mod datafusion_runtime;
 mod dedup;
 mod error;
 pub mod generate;
-#[cfg(feature = "delta")]
+#[cfg(any(feature = "delta", feature = "postgres"))]
 mod merge;
 pub mod observe;
+mod pg;
 mod progress;
 pub mod read;
 #[cfg(feature = "sql")]
@@ -82,12 +84,14 @@ pub use dedup::{DEFAULT_MAX_ROWS_PER_FILE, DedupJob, DedupReport, FileRows, run_
 pub use error::{Error, Result, error_line};
 pub use generate::{GenerateOptions, generate, generate_to};
 pub use idem_core;
-#[cfg(feature = "delta")]
+#[cfg(any(feature = "delta", feature = "postgres"))]
 pub use merge::{
-    DEFAULT_ROWS_PER_TABLE_FILE, DEFAULT_TOMBSTONE_RETENTION, MergeJob, MergeReport, VacuumReport,
-    run_merge, run_vacuum,
+    DEFAULT_ROWS_PER_TABLE_FILE, DEFAULT_TOMBSTONE_RETENTION, MergeJob, MergeReport, run_merge,
 };
+#[cfg(feature = "delta")]
+pub use merge::{VacuumReport, run_vacuum};
 pub use observe::{ReportOptions, check_report, metrics, write_report};
+pub use pg::redact_location;
 pub use progress::{NoProgress, Progress};
 pub use read::quiet_decoder_panics;
 #[cfg(feature = "sql")]

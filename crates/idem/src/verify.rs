@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
@@ -34,8 +35,11 @@ use crate::units::thousands;
 pub struct VerifyJob {
     /// The sources: files, directories, globs or URLs, in input order.
     pub sources: Vec<String>,
-    /// The target: files, directories, globs or URLs holding the rows to check.
+    /// The target: files, directories, globs or URLs holding the rows to check; or one
+    /// PostgreSQL database (`postgres://…`) holding [`VerifyJob::target_table`].
     pub target: Vec<String>,
+    /// The table of a PostgreSQL target, `[SCHEMA.]NAME`.
+    pub target_table: Option<String>,
     /// Key, version and policies the target was deduplicated with.
     pub spec: DedupSpec,
     /// Memory limit of the sources' dedup (see [`DedupJob::memory_limit`]).
@@ -52,6 +56,7 @@ impl VerifyJob {
         Self {
             sources,
             target,
+            target_table: None,
             spec: DedupSpec::default(),
             memory_limit: None,
             max_report: 10,
@@ -255,9 +260,7 @@ pub fn run_verify(job: &VerifyJob, progress: &dyn Progress) -> Result<VerifyRepo
     let mut expected = expected;
     let schema = run.schema;
 
-    let targets = expand_inputs(&job.target, &job.storage)?;
-    let target_files: Vec<InputFile> =
-        targets.iter().map(InputFile::open).collect::<Result<_>>()?;
+    let target = TargetSide::open(job, &schema)?;
     let mut report = VerifyReport {
         matches: false,
         expected_rows: run.stats.rows_out + run.stats.tombstones_kept,
@@ -278,16 +281,15 @@ pub fn run_verify(job: &VerifyJob, progress: &dyn Progress) -> Result<VerifyRepo
         differing: Vec::new(),
         source: run.stats,
         source_files: run.files.len(),
-        target_files: target_files.len(),
+        target_files: target.parts(),
         elapsed_seconds: 0.0,
     };
-    for file in &target_files {
-        let target_schema = file.schema();
+    for (path, target_schema) in target.schemas() {
         for field in schema.fields() {
             if target_schema.field_with_name(field.name()).is_err() {
                 if job.spec.keys.contains(field.name()) {
                     return Err(Error::MissingColumn {
-                        path: file.path().to_path_buf(),
+                        path,
                         column: field.name().clone(),
                         role: "key",
                         available: target_schema
@@ -315,49 +317,40 @@ pub fn run_verify(job: &VerifyJob, progress: &dyn Progress) -> Result<VerifyRepo
     // The target, streamed against the expected rows.
     let mut target_checksum = 0u128;
     let mut differing_wanted: BTreeMap<u64, RecordBatch> = BTreeMap::new();
-    for file in &target_files {
-        let names: Vec<&str> = file
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .filter(|name| schema.field_with_name(name).is_ok())
-            .collect();
-        for batch in file.read_columns(&names)? {
-            let batch = conform(&batch?, &schema, false, file.path())?;
-            let (keys, rows) = hashers.hash(&batch, file.path())?;
-            for (index, (key, row)) in keys.into_iter().zip(rows).enumerate() {
-                target_checksum = target_checksum.wrapping_add(row);
-                report.target_rows += 1;
-                let describe = || describe_row(&batch, &job.spec, index);
-                match expected.get_mut(&key) {
-                    None => {
-                        report.extra_rows += 1;
-                        if report.extra.len() < job.max_report {
-                            report.extra.push(describe());
-                        }
+    target.for_each_batch(&schema, &mut |batch, path| {
+        let (keys, rows) = hashers.hash(&batch, path)?;
+        for (index, (key, row)) in keys.into_iter().zip(rows).enumerate() {
+            target_checksum = target_checksum.wrapping_add(row);
+            report.target_rows += 1;
+            let describe = || describe_row(&batch, &job.spec, index);
+            match expected.get_mut(&key) {
+                None => {
+                    report.extra_rows += 1;
+                    if report.extra.len() < job.max_report {
+                        report.extra.push(describe());
                     }
-                    Some(entry) if entry.seen => {
-                        report.duplicate_rows += 1;
-                        if report.duplicates.len() < job.max_report {
-                            report.duplicates.push(describe());
-                        }
+                }
+                Some(entry) if entry.seen => {
+                    report.duplicate_rows += 1;
+                    if report.duplicates.len() < job.max_report {
+                        report.duplicates.push(describe());
                     }
-                    Some(entry) => {
-                        entry.seen = true;
-                        if entry.row == row {
-                            report.matching_rows += 1;
-                        } else {
-                            report.differing_rows += 1;
-                            if differing_wanted.len() < job.max_report {
-                                differing_wanted.insert(entry.ordinal, batch.slice(index, 1));
-                            }
+                }
+                Some(entry) => {
+                    entry.seen = true;
+                    if entry.row == row {
+                        report.matching_rows += 1;
+                    } else {
+                        report.differing_rows += 1;
+                        if differing_wanted.len() < job.max_report {
+                            differing_wanted.insert(entry.ordinal, batch.slice(index, 1));
                         }
                     }
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     report.target_checksum = format!("{target_checksum:032x}");
 
     let mut missing_wanted: Vec<u64> = Vec::new();
@@ -414,6 +407,118 @@ pub fn run_verify(job: &VerifyJob, progress: &dyn Progress) -> Result<VerifyRepo
         && report.extra_columns.is_empty();
     report.elapsed_seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// What `idem verify` checks: files, or a table in a database.
+enum TargetSide {
+    Files(Vec<InputFile>),
+    #[cfg(feature = "postgres")]
+    Table(Box<crate::pg::table::TableReader>, SchemaRef),
+}
+
+impl TargetSide {
+    fn open(job: &VerifyJob, sources: &SchemaRef) -> Result<Self> {
+        if let [location] = job.target.as_slice()
+            && crate::pg::is_postgres_url(location)
+        {
+            #[cfg(feature = "postgres")]
+            {
+                let table = job.target_table.as_deref().ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "a PostgreSQL target needs --table [SCHEMA.]NAME".to_owned(),
+                    )
+                })?;
+                let reader = crate::pg::table::TableReader::open(location, table)?;
+                let schema = reader.schema(sources)?;
+                return Ok(Self::Table(Box::new(reader), schema));
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::InvalidArgument(
+                "this idem was built without PostgreSQL targets (feature `postgres`)".to_owned(),
+            ));
+        }
+        if job.target.iter().any(|t| crate::pg::is_postgres_url(t)) {
+            return Err(Error::InvalidArgument(
+                "a PostgreSQL target is checked alone: --target postgres://… --table NAME"
+                    .to_owned(),
+            ));
+        }
+        if job.target_table.is_some() {
+            return Err(Error::InvalidArgument(
+                "--table names a table of a PostgreSQL target (postgres://…)".to_owned(),
+            ));
+        }
+        let targets = expand_inputs(&job.target, &job.storage)?;
+        let files = targets.iter().map(InputFile::open).collect::<Result<_>>()?;
+        let _ = sources;
+        Ok(Self::Files(files))
+    }
+
+    /// Files, or 1 for a table.
+    fn parts(&self) -> usize {
+        match self {
+            Self::Files(files) => files.len(),
+            #[cfg(feature = "postgres")]
+            Self::Table(..) => 1,
+        }
+    }
+
+    /// Each part's location and columns.
+    fn schemas(&self) -> Vec<(std::path::PathBuf, SchemaRef)> {
+        match self {
+            Self::Files(files) => files
+                .iter()
+                .map(|f| (f.path().to_path_buf(), Arc::clone(f.schema())))
+                .collect(),
+            #[cfg(feature = "postgres")]
+            Self::Table(reader, schema) => {
+                vec![(
+                    std::path::PathBuf::from(reader.display()),
+                    Arc::clone(schema),
+                )]
+            }
+        }
+    }
+
+    /// Every row, in batches converted to the sources' `schema` (columns the sources lack
+    /// are not read).
+    fn for_each_batch(
+        &self,
+        schema: &SchemaRef,
+        check: &mut dyn FnMut(RecordBatch, &std::path::Path) -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            Self::Files(files) => {
+                for file in files {
+                    let names: Vec<&str> = file
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .filter(|name| schema.field_with_name(name).is_ok())
+                        .collect();
+                    for batch in file.read_columns(&names)? {
+                        check(conform(&batch?, schema, false, file.path())?, file.path())?;
+                    }
+                }
+                Ok(())
+            }
+            #[cfg(feature = "postgres")]
+            Self::Table(reader, table_schema) => {
+                let fields: Vec<arrow::datatypes::Field> = table_schema
+                    .fields()
+                    .iter()
+                    .filter(|f| schema.field_with_name(f.name()).is_ok())
+                    .map(|f| f.as_ref().clone())
+                    .collect();
+                let projected = Arc::new(arrow::datatypes::Schema::new(fields));
+                let path = std::path::PathBuf::from(reader.display());
+                reader.read(&projected, |batch| {
+                    check(conform(&batch, schema, false, &path)?, &path)
+                })
+            }
+        }
+    }
 }
 
 /// The expected rows at the given ordinals, each as a one-row batch, from a second dedup

@@ -14,13 +14,14 @@ use std::path::{Path, PathBuf};
 const CRATES: [&str; 4] = ["idem-core", "idem-datafusion", "idem", "idem-ballista"];
 
 /// `idem`'s top-level modules by layer: a module may import only modules of a lower layer.
-const IDEM_LAYERS: [(&str, u32); 16] = [
+const IDEM_LAYERS: [(&str, u32); 17] = [
     ("error", 0),
     ("progress", 0),
     ("units", 1),
     ("storage", 1),
     ("generate", 2),
     ("read", 2),
+    ("pg", 2),
     ("write", 2),
     ("datafusion_runtime", 2),
     ("state", 3),

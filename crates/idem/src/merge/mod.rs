@@ -14,15 +14,21 @@
 //!            if another writer got there first, start again from `state`
 //! ```
 //!
-//! A target is a [`Target`]: [`delta`] (Delta Lake tables) is the first. The semantics
+//! A target is a [`Target`]: `delta` (Delta Lake tables, feature `delta`) and `postgres`
+//! (PostgreSQL tables, feature `postgres`) are the two. The semantics
 //! here import the dedup and the reading layer; a target may import those and the
 //! writing layer, never another target.
 
+mod convert;
+#[cfg(feature = "delta")]
 mod delta;
 mod keyed;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod target;
 mod tombstones;
 
+#[cfg(feature = "delta")]
 pub use delta::{VacuumReport, run_vacuum};
 
 use std::collections::BTreeSet;
@@ -56,8 +62,11 @@ pub const DEFAULT_ROWS_PER_TABLE_FILE: usize = 1 << 20;
 pub struct MergeJob {
     /// Files, directories or globs of the batch.
     pub inputs: Vec<String>,
-    /// The Delta table: a local path or a URL (created if absent).
+    /// The target: a Delta table's path or URL (created if absent), or a PostgreSQL
+    /// database as `postgres://…` with the table in [`MergeJob::target_table`].
     pub table: String,
+    /// The table in a database target, `[SCHEMA.]NAME` (created if absent).
+    pub target_table: Option<String>,
     /// Key, version and policies, as for a dedup.
     pub spec: DedupSpec,
     /// At table creation: cluster rows into this many files by key hash (per partition).
@@ -80,6 +89,7 @@ impl MergeJob {
         Self {
             inputs,
             table: table.into(),
+            target_table: None,
             spec: DedupSpec::default(),
             buckets: None,
             partition_by: Vec::new(),
@@ -97,8 +107,12 @@ impl MergeJob {
 /// `deleted`, `deletes_without_row`, `stale` and `resurrections_blocked`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MergeReport {
-    /// The table.
+    /// The table: as given for a Delta table, `schema.name` in a database.
     pub table: String,
+    /// The database of a PostgreSQL target, as `postgres://user@host:port/database`
+    /// (never with a password).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
     /// Rows read from the batch's files.
     pub rows_in: u64,
     /// Batch rows dropped as exact duplicates of a kept row (same key and version).
@@ -179,22 +193,31 @@ impl MergeReport {
                 self.fingerprint, self.table
             )
         } else {
-            format!(
-                "idem: {} rows in → {} inserted, {} updated, {} deleted, {} stale, {} resurrections blocked; {} files rewritten, {} added; {} {} in {:.2} s",
+            let counts = format!(
+                "idem: {} rows in → {} inserted, {} updated, {} deleted, {} stale, {} resurrections blocked",
                 thousands(self.rows_in),
                 thousands(self.inserted),
                 thousands(self.updated),
                 thousands(self.deleted),
                 thousands(self.stale),
                 thousands(self.resurrections_blocked),
-                self.files_removed,
-                self.files_added,
-                if self.committed {
-                    "committed version"
-                } else {
-                    "nothing to commit; table at version"
-                },
-                version,
+            );
+            let (committed, unchanged) = if self.database.is_some() {
+                ("committed as run", "nothing to commit; last run")
+            } else {
+                ("committed version", "nothing to commit; table at version")
+            };
+            let files = if self.database.is_some() {
+                String::new()
+            } else {
+                format!(
+                    "; {} files rewritten, {} added",
+                    self.files_removed, self.files_added
+                )
+            };
+            format!(
+                "{counts}{files}; {} {version} in {:.2} s",
+                if self.committed { committed } else { unchanged },
                 self.elapsed_seconds
             )
         }
@@ -222,8 +245,36 @@ struct Batch {
 /// table idem cannot rewrite (partitioned, deletion vectors, column mapping), a storage
 /// failure, or other writers winning every one of `max_attempts` commits.
 pub fn run_merge(job: &MergeJob, progress: &dyn Progress) -> Result<MergeReport> {
-    let target = delta::DeltaTarget::open(&job.table, &job.storage)?;
-    merge_into(target, job, progress)
+    if crate::pg::is_postgres_url(&job.table) {
+        #[cfg(feature = "postgres")]
+        {
+            let table = job.target_table.as_deref().ok_or_else(|| {
+                Error::InvalidArgument("a PostgreSQL target needs --table [SCHEMA.]NAME".to_owned())
+            })?;
+            let target = postgres::PostgresTarget::open(&job.table, table)?;
+            return merge_into(target, job, progress);
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(Error::InvalidArgument(
+            "this idem was built without PostgreSQL targets (feature `postgres`)".to_owned(),
+        ));
+    }
+    if job.target_table.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: --table names a table in a database (postgres://…); a Delta table is the --into path itself",
+            job.table
+        )));
+    }
+    #[cfg(feature = "delta")]
+    {
+        let target = delta::DeltaTarget::open(&job.table, &job.storage)?;
+        merge_into(target, job, progress)
+    }
+    #[cfg(not(feature = "delta"))]
+    Err(Error::InvalidArgument(format!(
+        "{}: this idem was built without Delta targets (feature `delta`)",
+        job.table
+    )))
 }
 
 /// [`run_merge`] into one target.
@@ -233,6 +284,8 @@ fn merge_into<T: Target>(
     progress: &dyn Progress,
 ) -> Result<MergeReport> {
     let started = Instant::now();
+    let name = target.report_name(job);
+    let database = target.database();
     // A batch applied before is recognised from its files alone, before any row is read.
     let files: Vec<InputFile> = expand_inputs(&job.inputs, &job.storage)?
         .iter()
@@ -241,7 +294,8 @@ fn merge_into<T: Target>(
     let early = fingerprint(&files, &job.spec)?;
     if let Some(version) = target.prepare(job, &early)? {
         return Ok(MergeReport {
-            table: job.table.clone(),
+            table: name,
+            database,
             rows_in: files.iter().map(InputFile::num_rows).sum(),
             already_applied: true,
             table_version: Some(version),
@@ -258,7 +312,8 @@ fn merge_into<T: Target>(
     drop(files);
     let (batch, stats, inputs) = read_batch(job, &target, progress)?;
     let mut report = MergeReport {
-        table: job.table.clone(),
+        table: name.clone(),
+        database,
         rows_in: stats.rows_in,
         duplicates: stats.duplicates,
         superseded: stats.superseded,
@@ -289,8 +344,8 @@ fn merge_into<T: Target>(
         }
     }
     Err(Error::InvalidArgument(format!(
-        "{}: other writers committed first {} times in a row; nothing was changed by this run",
-        job.table, job.max_attempts
+        "{name}: other writers committed first {} times in a row; nothing was changed by this run",
+        job.max_attempts
     )))
 }
 
@@ -307,7 +362,7 @@ fn read_batch(
     }
     let dedup = DedupJob {
         inputs: job.inputs.clone(),
-        output: job.table.clone(),
+        output: target.report_name(job),
         spec: spec.clone(),
         max_rows_per_file: usize::MAX,
         memory_limit: None,

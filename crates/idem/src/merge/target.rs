@@ -53,6 +53,16 @@ pub(crate) trait Target {
     /// The target's location for messages (without credentials).
     fn display(&self) -> PathBuf;
 
+    /// The target as the report's `table` names it.
+    fn report_name(&self, job: &MergeJob) -> String {
+        job.table.clone()
+    }
+
+    /// The database holding the table, for targets in one (without credentials).
+    fn database(&self) -> Option<String> {
+        None
+    }
+
     /// Before any batch row is read: checks the job against an existing target (options
     /// that only apply at creation) and returns the version at which the batch with
     /// `fingerprint` was applied, if it was.

@@ -155,7 +155,7 @@ fn state_series(state: &crate::state::StateReport) -> [(&'static str, &'static s
 
 /// The report of an `idem merge` run as Prometheus text, labelled `command="merge"` and
 /// the table.
-#[cfg(feature = "delta")]
+#[cfg(any(feature = "delta", feature = "postgres"))]
 pub fn merge_metrics(report: &crate::merge::MergeReport) -> String {
     let labels = format!(r#"command="merge",table="{}""#, label(&report.table));
     let flag = |b: bool| if b { 1.0 } else { 0.0 };

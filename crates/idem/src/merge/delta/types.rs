@@ -47,23 +47,16 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
-use arrow::compute::{CastOptions, cast_with_options};
-use arrow::datatypes::{
-    DataType, Date64Type, Decimal128Type, DecimalType, Field, FieldRef, Fields, Schema, SchemaRef,
-    TimeUnit, TimestampNanosecondType,
-};
-use arrow::util::display::array_value_to_string;
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
 use deltalake_core::kernel::DataType as DeltaType;
 use deltalake_core::kernel::engine::arrow_conversion::TryFromArrow;
 
+use super::super::convert::{self, Stored};
 use crate::error::{Error, Result};
 
 /// Largest precision of a Delta decimal.
 const MAX_DECIMAL_PRECISION: u8 = 38;
-
-/// Milliseconds in a day, for `Date64` values.
-const MILLIS_PER_DAY: i64 = 86_400_000;
 
 /// The type a table stores a batch column of `data_type` in, as deltalake-core reads it
 /// back; `Err` says why Delta has none.
@@ -272,141 +265,37 @@ pub(crate) fn check_stored(schema: &Schema, table: &str) -> Result<()> {
 /// The rows with every column converted to its type in `target` (same names, same order).
 ///
 /// # Errors
-/// [`Error::TargetType`] naming the column and the first value that would change: one
-/// outside the target type's range or precision, a sub-microsecond timestamp, a `Date64`
-/// that is not a whole day.
+/// As [`convert::to_stored`], naming Delta's types.
 pub(crate) fn to_stored(
     rows: &RecordBatch,
     target: &SchemaRef,
     table: &str,
 ) -> Result<RecordBatch> {
-    let columns = rows
-        .columns()
-        .iter()
-        .zip(target.fields())
-        .map(|(column, field)| {
-            convert(column, field.data_type()).map_err(|reason| Error::TargetType {
-                target: table.to_owned(),
-                column: field.name().clone(),
-                reason,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(rows.num_rows()));
-    RecordBatch::try_new_with_options(Arc::clone(target), columns, &options)
-        .map_err(Error::arrow(table))
-}
-
-fn convert(column: &ArrayRef, target: &DataType) -> std::result::Result<ArrayRef, String> {
-    let source = column.data_type();
-    let values = match source {
-        DataType::Dictionary(_, values) => values.as_ref(),
-        other => other,
-    };
-    if matches!(
-        (values, target),
-        (
-            DataType::Timestamp(TimeUnit::Nanosecond, _),
-            DataType::Timestamp(TimeUnit::Microsecond, _)
-        )
-    ) {
-        let plain = cast_checked(column, values)?;
-        let nanos = plain.as_primitive::<TimestampNanosecondType>();
-        if let Some(row) =
-            (0..nanos.len()).find(|&r| nanos.is_valid(r) && nanos.value(r) % 1000 != 0)
-        {
-            return Err(format!(
-                "value {} has a sub-microsecond part, which Delta's microsecond timestamps \
-                 cannot hold",
-                show(&plain, row)
-            ));
-        }
-    }
-    if matches!((values, target), (DataType::Date64, DataType::Date32)) {
-        let plain = cast_checked(column, values)?;
-        let millis = plain.as_primitive::<Date64Type>();
-        if let Some(row) =
-            (0..millis.len()).find(|&r| millis.is_valid(r) && millis.value(r) % MILLIS_PER_DAY != 0)
-        {
-            return Err(format!(
-                "value {} is not a whole day, which a Delta date cannot hold",
-                show(&plain, row)
-            ));
-        }
-    }
-    let converted = if source == target {
-        Arc::clone(column)
-    } else {
-        cast_checked(column, target)?
-    };
-    if let DataType::Decimal128(precision, scale) = target {
-        let decimals = converted.as_primitive::<Decimal128Type>();
-        if let Some(row) = (0..decimals.len()).find(|&r| {
-            decimals.is_valid(r)
-                && !Decimal128Type::is_valid_decimal_precision(decimals.value(r), *precision)
-        }) {
-            return Err(format!(
-                "value {} has more digits than the column's precision {precision}",
-                // Arrow's display cuts a value to the declared precision: show it whole.
-                Decimal128Type::format_decimal(decimals.value(row), MAX_DECIMAL_PRECISION, *scale)
-            ));
-        }
-    }
-    if is_nested(target) && source != target {
-        // Casts inside lists and structs are not checked value by value: converting back
-        // must give the original values.
-        let back = cast_checked(&converted, source)?;
-        if back.to_data() != column.to_data() {
-            return Err(format!(
-                "its values change when converted from {source} to {target}"
-            ));
-        }
-    }
-    Ok(converted)
-}
-
-fn is_nested(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::List(_) | DataType::Struct(_) | DataType::Map(_, _)
+    convert::to_stored(
+        rows,
+        target,
+        table,
+        &Stored {
+            system: "Delta",
+            type_name: delta_name,
+        },
     )
-}
-
-/// A cast that turns a value it cannot represent into an error naming the value, instead
-/// of a null.
-fn cast_checked(column: &ArrayRef, target: &DataType) -> std::result::Result<ArrayRef, String> {
-    let options = CastOptions {
-        safe: true,
-        ..CastOptions::default()
-    };
-    let cast = cast_with_options(column, target, &options)
-        .map_err(|e| format!("cannot convert {} to {target}: {e}", column.data_type()))?;
-    if cast.null_count() != column.null_count()
-        && let Some(row) = (0..column.len()).find(|&r| column.is_valid(r) && cast.is_null(r))
-    {
-        return Err(format!(
-            "value {} does not fit the table's type {}",
-            show(column, row),
-            delta_name(target)
-        ));
-    }
-    Ok(cast)
-}
-
-fn show(column: &ArrayRef, row: usize) -> String {
-    array_value_to_string(column, row).unwrap_or_else(|_| format!("at row {row}"))
 }
 
 #[cfg(test)]
 mod tests {
+    use arrow::array::{ArrayRef, AsArray};
     use arrow::array::{
         Date64Array, Decimal128Array, DictionaryArray, FixedSizeBinaryArray, ListArray,
         StringViewArray, Time32SecondArray, TimestampNanosecondArray, TimestampSecondArray,
         UInt8Array, UInt64Array,
     };
-    use arrow::datatypes::{Int32Type, Int64Type};
+    use arrow::datatypes::{Decimal128Type, Int32Type, Int64Type};
 
     use super::*;
+
+    /// Milliseconds in a day, for `Date64` values.
+    const MILLIS_PER_DAY: i64 = 86_400_000;
 
     fn one(name: &str, column: ArrayRef) -> RecordBatch {
         RecordBatch::try_from_iter([(name, column)]).expect("batch")
