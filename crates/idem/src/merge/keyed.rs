@@ -159,6 +159,7 @@ fn version_columns(
 
 /// The hash of every row's key, by the same function as [`KeyedRows`] (stable across runs:
 /// bucket numbers are derived from it and stored in tables).
+#[cfg_attr(not(feature = "delta"), allow(dead_code))]
 pub(crate) fn key_hashes(
     batch: &RecordBatch,
     key_names: &[String],

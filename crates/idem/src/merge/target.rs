@@ -32,6 +32,7 @@ pub(crate) struct Change<'a, F> {
     /// What the batch does to each winner's key.
     pub outcome: &'a [Outcome],
     /// Where the target holds the batch's keys, as its `find` left it.
+    #[cfg_attr(not(feature = "delta"), allow(dead_code))]
     pub found: &'a F,
     /// Whether any row is inserted, replaced or deleted.
     pub data_change: bool,
