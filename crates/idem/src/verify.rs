@@ -417,6 +417,8 @@ enum TargetSide {
 }
 
 impl TargetSide {
+    /// `sources`: the sources' schema, which a table's columns are read to compare with.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     fn open(job: &VerifyJob, sources: &SchemaRef) -> Result<Self> {
         if let [location] = job.target.as_slice()
             && crate::pg::is_postgres_url(location)
@@ -450,7 +452,6 @@ impl TargetSide {
         }
         let targets = expand_inputs(&job.target, &job.storage)?;
         let files = targets.iter().map(InputFile::open).collect::<Result<_>>()?;
-        let _ = sources;
         Ok(Self::Files(files))
     }
 

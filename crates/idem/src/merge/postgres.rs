@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::pg::copy::{HEADER, RowEncoder, format_pg_lsn};
 use crate::pg::table::TableColumns;
 use crate::pg::types::PgType;
-use crate::pg::{Database, Settings, TableName, describe, is_retryable, literal, quote};
+use crate::pg::{Database, describe, is_retryable, literal, quote};
 use idem_core::version::parse_pg_lsn;
 
 /// Bytes of one COPY message.
@@ -110,10 +110,7 @@ impl PostgresTarget {
     /// Connects to the database at `location` (a `postgres://` URL, the libpq environment
     /// filling the rest) for `table` (`[SCHEMA.]NAME`).
     pub(super) fn open(location: &str, table: &str) -> Result<Self> {
-        let settings = Settings::parse(location, |name| std::env::var(name).ok())?;
-        let table = TableName::parse(table)?;
-        let db = Database::connect(&settings)?;
-        let (qualified, name) = db.resolve(&table)?;
+        let (db, qualified, name) = Database::open_table(location, table)?;
         let tombstone_name = format!("tombstones:{name}");
         // PostgreSQL cuts identifiers at 63 bytes: a long name is hashed rather than cut.
         let tombstone_table = if tombstone_name.len() <= 63 {
@@ -285,6 +282,36 @@ impl PostgresTarget {
             }
         }
         (names, types, fields)
+    }
+
+    /// The key and version columns (and `extra`, where given) of the rows of `table`
+    /// whose keys the batch has, joined with the staged keys.
+    fn read_batch_keys(
+        &self,
+        table: &str,
+        batch: &Batch,
+        snapshot: &Snapshot,
+        extra: Option<(&str, PgType, DataType)>,
+    ) -> Result<RecordBatch> {
+        let (mut names, mut types, mut fields) = Self::key_and_version(batch, snapshot);
+        if let Some((name, pg, arrow)) = extra {
+            names.push(name.to_owned());
+            types.push(pg);
+            fields.push(Field::new(name, arrow, true));
+        }
+        let list = names
+            .iter()
+            .map(|n| format!("t.{}", quote(n)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.db.read_all(
+            &format!(
+                "SELECT {list} FROM _idem_keys s JOIN {table} t ON {}",
+                Self::key_match(batch, "t", "s")
+            ),
+            &types,
+            &Arc::new(Schema::new(fields)),
+        )
     }
 
     /// What commit does, up to and including COMMIT.
@@ -697,24 +724,9 @@ impl Target for PostgresTarget {
                 expired: 0,
             });
         }
-        let (names, mut types, mut fields) = Self::key_and_version(batch, snapshot);
-        types.push(PgType::Int8);
-        fields.push(Field::new(DELETED_AT, DataType::Int64, true));
-        let list = names
-            .iter()
-            .map(|n| format!("t.{}", quote(n)))
-            .chain([format!("t.{}", quote(DELETED_AT))])
-            .collect::<Vec<_>>()
-            .join(", ");
-        let rows = self.db.read_all(
-            &format!(
-                "SELECT {list} FROM {} t JOIN _idem_keys s ON {}",
-                self.tombstone_table,
-                Self::key_match(batch, "t", "s")
-            ),
-            &types,
-            &Arc::new(Schema::new(fields)),
-        )?;
+        let deleted_at = (DELETED_AT, PgType::Int8, DataType::Int64);
+        let rows =
+            self.read_batch_keys(&self.tombstone_table, batch, snapshot, Some(deleted_at))?;
         live_tombstones(rows, &self.display(), batch, retention, now)
     }
 
@@ -732,21 +744,7 @@ impl Target for PostgresTarget {
                 versions: Vec::new(),
             });
         }
-        let (names, types, fields) = Self::key_and_version(batch, snapshot);
-        let list = names
-            .iter()
-            .map(|n| format!("t.{}", quote(n)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let rows = self.db.read_all(
-            &format!(
-                "SELECT {list} FROM _idem_keys s JOIN {} t ON {}",
-                self.qualified,
-                Self::key_match(batch, "t", "s")
-            ),
-            &types,
-            &Arc::new(Schema::new(fields)),
-        )?;
+        let rows = self.read_batch_keys(&self.qualified, batch, snapshot, None)?;
         let probe = batch
             .winners
             .probe(&rows)

@@ -66,6 +66,17 @@ impl Database {
             .get(0))
     }
 
+    /// Connects to the database at `location` (a `postgres://` URL, the libpq environment
+    /// filling the rest) for `table` (`[SCHEMA.]NAME`), returned quoted as
+    /// `"schema"."name"` and as `schema.name`.
+    pub(crate) fn open_table(location: &str, table: &str) -> Result<(Self, String, String)> {
+        let settings = super::Settings::parse(location, |name| std::env::var(name).ok())?;
+        let table = TableName::parse(table)?;
+        let db = Database::connect(&settings)?;
+        let (qualified, name) = db.resolve(&table)?;
+        Ok((db, qualified, name))
+    }
+
     /// `table` with its schema resolved, quoted as `"schema"."name"`, and `schema.name`.
     pub(crate) fn resolve(&self, table: &TableName) -> Result<(String, String)> {
         let schema = match &table.schema {
@@ -204,9 +215,7 @@ impl TableReader {
     /// # Errors
     /// An unreachable database, or no such table.
     pub(crate) fn open(location: &str, table: &str) -> Result<Self> {
-        let settings = super::Settings::parse(location, |name| std::env::var(name).ok())?;
-        let db = Database::connect(&settings)?;
-        let (qualified, name) = db.resolve(&TableName::parse(table)?)?;
+        let (db, qualified, name) = Database::open_table(location, table)?;
         let columns = db
             .table_columns(&qualified)?
             .ok_or_else(|| Error::Postgres {
