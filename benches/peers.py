@@ -51,6 +51,7 @@ not run again.
 import argparse
 import importlib.util
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -134,24 +135,34 @@ def available(engine, copy):
 
 
 def measure(argv, timeout):
-    """(wall s, cpu s, peak RSS MiB, failure or None) of one run."""
-    started = time.monotonic()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    timer = threading.Timer(timeout, process.kill)
-    timer.start()
-    _, status, usage = os.wait4(process.pid, 0)
-    timer.cancel()
-    wall = time.monotonic() - started
-    stderr = process.stderr.read().decode()
-    process.stderr.close()
+    """(wall s, cpu s, peak RSS MiB, failure or None) of one run.
+
+    The run is launched by GNU time, not forked from this process: Linux carries a parent's
+    peak RSS over into a forked child's `ru_maxrss` (through exec), so a contender forked
+    from a Python holding a few hundred MiB would never report less than that."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as usage:
+        started = time.monotonic()
+        process = subprocess.Popen(["/usr/bin/time", "-f", "%U %S %M", "-o", usage.name, *argv],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        timer = threading.Timer(timeout, lambda: os.killpg(process.pid, 9))
+        timer.start()
+        stderr = process.stderr.read().decode()
+        status = process.wait()
+        timer.cancel()
+        wall = time.monotonic() - started
+        process.stderr.close()
+        lines = usage.read().split("\n")
+    figures = [line for line in lines if re.fullmatch(r"[0-9.]+ [0-9.]+ [0-9]+", line)]
+    user, system, kib = figures[-1].split() if figures else (0, 0, 0)
+    signalled = next((line for line in lines if "terminated by signal" in line), None)
     failure = None
-    if os.WIFSIGNALED(status):
-        signal = os.WTERMSIG(status)
+    if signalled or status < 0:
+        signal = int(signalled.split()[-1]) if signalled else -status
         failure = (f"timed out after {timeout} s" if wall >= timeout
                    else f"killed by signal {signal}" + (" (out of memory)" if signal == 9 else ""))
-    elif os.WEXITSTATUS(status) != 0:
-        failure = f"exit {os.WEXITSTATUS(status)}: {stderr.strip()[-200:]}"
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, failure
+    elif status != 0:
+        failure = f"exit {status}: {stderr.strip()[-200:]}"
+    return wall, float(user) + float(system), int(kib) / 1024, failure
 
 
 def files_of(path):
