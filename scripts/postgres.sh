@@ -10,6 +10,8 @@
 #                      fsync is off unless the first argument is `fsync`.
 #   pg_stop            stops it and removes its directory.
 
+source "$(dirname "${BASH_SOURCE[0]}")/certs.sh"
+
 pg_start() {
   local fsync=off
   [ "${1:-}" = fsync ] && fsync=on
@@ -22,18 +24,7 @@ pg_start() {
   PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
   PG_DIR="$(mktemp -d "${TMPDIR:-/tmp}/idem-pg.XXXXXX")"
   chmod 755 "$PG_DIR"
-  # A test CA, and a server certificate it signs (a CA certificate cannot serve itself:
-  # rustls refuses one as the server's).
-  openssl req -x509 -newkey rsa:2048 -nodes -days 3 -subj /CN=idem-test-ca \
-    -keyout "$PG_DIR/ca.key" -out "$PG_DIR/ca.crt" >/dev/null 2>&1
-  openssl req -newkey rsa:2048 -nodes -subj /CN=localhost \
-    -keyout "$PG_DIR/server.key" -out "$PG_DIR/server.csr" >/dev/null 2>&1
-  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' \
-    >"$PG_DIR/server.ext"
-  openssl x509 -req -in "$PG_DIR/server.csr" -CA "$PG_DIR/ca.crt" -CAkey "$PG_DIR/ca.key" \
-    -CAcreateserial -days 3 -extfile "$PG_DIR/server.ext" -out "$PG_DIR/server.crt" >/dev/null 2>&1
-  chmod 600 "$PG_DIR/server.key"
-  chmod 644 "$PG_DIR/server.crt" "$PG_DIR/ca.crt"
+  test_certificates "$PG_DIR"
   if [ "$(id -u)" = 0 ]; then
     chown postgres "$PG_DIR" "$PG_DIR/server.key" "$PG_DIR/server.crt"
     PG_AS=(su postgres -s /bin/sh -c)
@@ -48,7 +39,7 @@ hostssl all idem_tls 127.0.0.1/32 trust
 host all postgres 127.0.0.1/32 trust
 host all all 127.0.0.1/32 scram-sha-256
 HBA
-  IDEM_TEST_PG_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  IDEM_TEST_PG_PORT="$(free_port)"
   "${PG_AS[@]}" "$PG_BIN/pg_ctl -D $PG_DIR/data -w -t 60 -l $PG_DIR/log -o \"-p $IDEM_TEST_PG_PORT -k $PG_DIR \
     -c listen_addresses=127.0.0.1 -c fsync=$fsync -c ssl=on -c ssl_cert_file=$PG_DIR/server.crt \
     -c ssl_key_file=$PG_DIR/server.key -c max_connections=200\" start" >/dev/null

@@ -113,6 +113,15 @@ pub enum Error {
         /// What went wrong, in one line.
         message: String,
     },
+    /// A Redis server holding a dedup state refused a connection or a command (the
+    /// server is named without its password).
+    #[error("{target}: {message}")]
+    Redis {
+        /// The server and prefix, as `redis://user@host:port/db?prefix=NAME`.
+        target: String,
+        /// What went wrong, in one line.
+        message: String,
+    },
     /// The options contradict each other or the input.
     #[error("{0}")]
     InvalidArgument(String),

@@ -176,7 +176,7 @@ pub fn run_dedup(job: &DedupJob, progress: &dyn Progress) -> Result<DedupReport>
             report.elapsed_seconds = started.elapsed().as_secs_f64();
             Ok(report)
         }
-        Prepared::Ready(filter) => write_dedup(&job, progress, started, Some(*filter)),
+        Prepared::Ready(filter) => write_dedup(&job, progress, started, Some(filter)),
     }
 }
 
@@ -195,32 +195,52 @@ fn write_dedup(
             &job.storage,
         )
     };
-    let decided = decide_job(job, progress)?;
-    let (writer, mut run) = match state.as_mut() {
-        None if goes_columnwise(&job.spec, &decided) => {
-            fetch_columnwise(job, progress, decided, open)?
+    // A state that records during the run (Redis) takes it back if the run fails.
+    let written = (|| -> Result<_> {
+        let decided = decide_job(job, progress)?;
+        Ok(match state.as_mut() {
+            None if goes_columnwise(&job.spec, &decided) => {
+                fetch_columnwise(job, progress, decided, open)?
+            }
+            Some(state) => fetch_rows(
+                job,
+                progress,
+                decided,
+                open,
+                state,
+                TextLayout::Views,
+                |writer, kept| writer.write(&kept),
+            )?,
+            None => fetch_rows(
+                job,
+                progress,
+                decided,
+                open,
+                &mut KeepAll,
+                TextLayout::Views,
+                |writer, kept| writer.write(&kept),
+            )?,
+        })
+    })();
+    let (writer, mut run) = match written {
+        Ok(written) => written,
+        Err(e) => {
+            if let Some(state) = state {
+                state.abandon();
+            }
+            return Err(e);
         }
-        Some(state) => fetch_rows(
-            job,
-            progress,
-            decided,
-            open,
-            state,
-            TextLayout::Views,
-            |writer, kept| writer.write(&kept),
-        )?,
-        None => fetch_rows(
-            job,
-            progress,
-            decided,
-            open,
-            &mut KeepAll,
-            TextLayout::Views,
-            |writer, kept| writer.write(&kept),
-        )?,
     };
     let staged = state.map(StateFilter::stage).transpose()?;
-    let output_files = writer.commit()?;
+    let output_files = match writer.commit() {
+        Ok(files) => files,
+        Err(e) => {
+            if let Some(staged) = staged {
+                staged.abandon();
+            }
+            return Err(e);
+        }
+    };
     let state_report = staged.map(|s| s.commit(&job.output)).transpose()?;
     if let Some(state) = &state_report {
         // The run's counts describe what was written; the state says what it held back.

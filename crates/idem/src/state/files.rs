@@ -8,7 +8,7 @@
 //! ```
 //!
 //! A run loads the latest manifest's entries, runs the ordinary two-pass dedup, and passes
-//! every winning row through [`StateFilter`]: a key already emitted at an equal or newer
+//! every winning row through [`FileState`]: a key already emitted at an equal or newer
 //! version is dropped (`seen_before`); a newer version of an emitted key is emitted again
 //! (downstream applies it as an update or delete); an unseen key is emitted and recorded.
 //! The watermark is `max(event time ever seen) − retention − safety buffer`: rows older
@@ -28,26 +28,24 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
+    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
 };
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use hashbrown::HashTable;
 use idem_core::DedupSpec;
-use idem_core::key::{KeyClass, KeyLayout, KeyRows};
-use idem_core::version::VersionLayout;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
-use super::{LatePolicy, StateOptions, StateReport, WinnerFilter};
+use super::{
+    BatchFacts, Known, Layout, Layouts, Prepared, StateFilter, StateOptions, StateReport, Verdict,
+    WinnerFilter, Winners, judge, late_error, rfc3339,
+};
 use crate::error::{Error, Result};
-use crate::read::event_time::{check_time_column, event_times};
-use crate::read::expand::expand_inputs;
-use crate::read::input::{InputFile, fingerprint};
 use crate::storage::{RemoteLocation, StorageOptions, managed_directory};
 use crate::units::now_millis;
 
@@ -109,56 +107,42 @@ fn manifest_name(version: u64) -> String {
     format!("_manifest/{version:020}.json")
 }
 
-/// Checks what a state run needs before any row is read, and loads the state.
-pub(crate) enum Prepared {
-    /// The inputs were applied by a committed run.
-    AlreadyApplied(Box<StateReport>),
-    /// Ready to filter the run's winners.
-    Ready(Box<StateFilter>),
-}
-
-/// Opens the state for `inputs` under `spec`: the latest manifest, the batch's fingerprint
-/// (an applied batch stops here), the newest event time of the batch (a pass over the time
-/// column alone) and the entries.
+/// Opens the state at `options.location` for `batch`: the latest manifest (an applied
+/// batch stops here), the newest event time of the batch; the entries are loaded later
+/// ([`WinnerFilter::expect`]).
 ///
 /// # Errors
 /// A state of another key or version, a time column missing or not temporal (naming the
 /// file), an unreadable state.
-pub(crate) fn prepare(
-    inputs: &[String],
+pub(super) fn prepare(
+    batch: BatchFacts,
     storage: &StorageOptions,
     spec: &DedupSpec,
     options: &StateOptions,
 ) -> Result<Prepared> {
     let dir = managed_directory(&options.location, storage)?;
     let manifest = latest_manifest(&dir)?;
-    let files: Vec<InputFile> = expand_inputs(inputs, storage)?
-        .iter()
-        .map(InputFile::open)
-        .collect::<Result<_>>()?;
-    let schema = crate::read::schema::unify(files.iter().map(|f| (f.path(), f.schema())))?;
-    let batch_fingerprint = fingerprint(&files, spec)?;
-    let layouts = Layouts::try_new(&schema, spec, files.first().map(InputFile::path))?;
     if let Some(manifest) = &manifest {
-        check_compatible(manifest, &layouts, &dir)?;
+        check_compatible(manifest, &batch.layouts, &dir)?;
         if manifest
             .runs
             .iter()
-            .any(|r| r.fingerprint == batch_fingerprint)
+            .any(|r| r.fingerprint == batch.fingerprint)
         {
             return Ok(Prepared::AlreadyApplied(Box::new(report_of(
                 manifest, options, true,
             ))));
         }
     }
-    let batch_max = newest_event_time(&files, &options.time_column)?;
+    let batch_max = batch.newest_event_time(&options.time_column)?;
+    let layout = batch.layouts.layout();
     let manifest = manifest.unwrap_or_else(|| Manifest {
         format: FORMAT.to_owned(),
         version: 0,
-        key: spec.keys.clone(),
-        key_classes: layouts.key_classes.clone(),
-        version_columns: spec.versions.clone(),
-        version_width: layouts.versions.width(),
+        key: layout.key,
+        key_classes: layout.key_classes,
+        version_columns: layout.version_columns,
+        version_width: layout.version_width,
         partition_bits: PARTITION_BITS,
         ..Manifest::default()
     });
@@ -167,12 +151,12 @@ pub(crate) fn prepare(
         (a, b) => a.or(b),
     };
     let watermark_us = max_event_time_us.map(|t| t.saturating_sub(options.horizon_us()));
-    Ok(Prepared::Ready(Box::new(StateFilter {
+    Ok(Prepared::Ready(StateFilter::Files(Box::new(FileState {
         dir,
         options: options.clone(),
         spec: spec.clone(),
-        layouts,
-        fingerprint: batch_fingerprint,
+        layouts: batch.layouts,
+        fingerprint: batch.fingerprint,
         // Loaded once pass 1 is done (`expect`).
         entries: Entries {
             width: manifest.version_width,
@@ -188,89 +172,30 @@ pub(crate) fn prepare(
             late_policy: options.late.to_string(),
             ..StateReport::default()
         },
-        scratch: Scratch::default(),
-    })))
-}
-
-/// The key and version layouts of the batch.
-struct Layouts {
-    keys: KeyLayout,
-    key_classes: Vec<String>,
-    versions: VersionLayout,
-}
-
-impl Layouts {
-    fn try_new(schema: &Schema, spec: &DedupSpec, first: Option<&Path>) -> Result<Self> {
-        let path = first.unwrap_or(Path::new(""));
-        let fields = |names: &[String], role: &'static str| -> Result<Vec<Field>> {
-            names
-                .iter()
-                .map(|n| {
-                    schema
-                        .field_with_name(n)
-                        .cloned()
-                        .map_err(|_| Error::MissingColumn {
-                            path: path.to_path_buf(),
-                            column: n.clone(),
-                            role,
-                            available: schema
-                                .fields()
-                                .iter()
-                                .map(|f| f.name().as_str())
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                        })
-                })
-                .collect()
-        };
-        let key_fields = fields(&spec.keys, "key")?;
-        let key_classes = key_fields
-            .iter()
-            .map(|f| {
-                KeyClass::of(f.name(), f.data_type())
-                    .map(|c| format!("{c:?}"))
-                    .map_err(Error::arrow(path))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Self {
-            keys: KeyLayout::try_new(&key_fields).map_err(Error::arrow(path))?,
-            key_classes,
-            versions: VersionLayout::try_new(&fields(&spec.versions, "version")?)
-                .map_err(Error::arrow(path))?,
-        })
-    }
+        winners: Winners::default(),
+    }))))
 }
 
 /// A state keyed by other columns would hash other values: its entries would match nothing
 /// and every replay would pass.
 fn check_compatible(manifest: &Manifest, layouts: &Layouts, dir: &RemoteLocation) -> Result<()> {
-    let mismatch = |what: &str, state: String, run: String| {
-        Err(Error::InvalidArgument(format!(
-            "{}: the state was built with {what} {state}, this run has {run}; use another \
-             --state location (or the state's options)",
-            dir.url()
-        )))
-    };
     if manifest.format != FORMAT {
-        return mismatch("format", manifest.format.clone(), FORMAT.to_owned());
+        return Err(Error::InvalidArgument(format!(
+            "{}: the state was built with format {}, this run has {FORMAT}; use another \
+             --state location (or the state's options)",
+            dir.url(),
+            manifest.format
+        )));
     }
-    if manifest.key != layouts.keys.names() || manifest.key_classes != layouts.key_classes {
-        return mismatch(
-            "key",
-            format!("{:?} {:?}", manifest.key, manifest.key_classes),
-            format!("{:?} {:?}", layouts.keys.names(), layouts.key_classes),
-        );
-    }
-    if manifest.version_columns != layouts.versions.names()
-        || manifest.version_width != layouts.versions.width()
-    {
-        return mismatch(
-            "version",
-            format!("{:?}", manifest.version_columns),
-            format!("{:?}", layouts.versions.names()),
-        );
-    }
-    Ok(())
+    layouts.check(
+        &dir.url(),
+        &Layout {
+            key: manifest.key.clone(),
+            key_classes: manifest.key_classes.clone(),
+            version_columns: manifest.version_columns.clone(),
+            version_width: manifest.version_width,
+        },
+    )
 }
 
 /// The newest manifest, `None` for a new state.
@@ -321,31 +246,6 @@ fn latest_manifest(dir: &RemoteLocation) -> Result<Option<Manifest>> {
     serde_json::from_slice(&bytes).map(Some).map_err(|e| {
         Error::InvalidArgument(format!("{}: not a state manifest: {e}", location.url()))
     })
-}
-
-/// The newest event time of the batch in microseconds (a read of the time column alone),
-/// `None` when every value is null or there are no rows.
-fn newest_event_time(files: &[InputFile], column: &str) -> Result<Option<i64>> {
-    let mut newest: Option<i64> = None;
-    for file in files {
-        check_time_column(file, column)?;
-        for batch in file.read_columns(&[column])? {
-            let batch = batch?;
-            let times = event_micros(&batch, column, file.path())?;
-            if let Some(max) = arrow::compute::max(&times) {
-                newest = Some(newest.map_or(max, |n| n.max(max)));
-            }
-        }
-    }
-    Ok(newest)
-}
-
-/// The time column as microseconds since the epoch.
-fn event_micros(batch: &RecordBatch, column: &str, path: &Path) -> Result<Int64Array> {
-    let micros = event_times(batch, column, path, TimeUnit::Microsecond)?;
-    Ok(micros
-        .as_primitive::<TimestampMicrosecondType>()
-        .reinterpret_cast::<arrow::datatypes::Int64Type>())
 }
 
 /// The state's entries in memory: columns, indexed by key hash.
@@ -484,17 +384,9 @@ fn partition_of(hash: u128, bits: u32) -> usize {
     }
 }
 
-/// Per-batch buffers, reused.
-#[derive(Default)]
-struct Scratch {
-    rows: KeyRows,
-    versions: Vec<u8>,
-    tombstones: Vec<bool>,
-}
-
 /// Decides which of a run's winning rows leave the run, and records them; then writes the
 /// next state.
-pub(crate) struct StateFilter {
+pub(crate) struct FileState {
     dir: RemoteLocation,
     options: StateOptions,
     spec: DedupSpec,
@@ -507,10 +399,10 @@ pub(crate) struct StateFilter {
     /// Bloom filters of earlier evictions, loaded on the first unseen key.
     filters: Vec<Bloom>,
     report: StateReport,
-    scratch: Scratch,
+    winners: Winners,
 }
 
-impl WinnerFilter for StateFilter {
+impl WinnerFilter for FileState {
     /// Loads the entries now rather than before pass 1, so that they and pass 1's key
     /// table are never in memory together.
     fn expect(&mut self, rows: u64) -> Result<()> {
@@ -523,146 +415,73 @@ impl WinnerFilter for StateFilter {
     /// Errors: a late row under `--late error`, a null event time, columns that do not fit
     /// the layouts.
     fn filter(&mut self, batch: RecordBatch, path: &Path) -> Result<RecordBatch> {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let kept = self.decide(&batch, path, &mut scratch);
-        self.scratch = scratch;
+        let mut winners = std::mem::take(&mut self.winners);
+        let kept = self.decide(&batch, path, &mut winners);
+        self.winners = winners;
         filter_record_batch(&batch, &BooleanArray::from(kept?)).map_err(Error::arrow(path))
     }
 }
 
-impl StateFilter {
+impl FileState {
     /// Whether each row of `batch` leaves the run.
     fn decide(
         &mut self,
         batch: &RecordBatch,
         path: &Path,
-        scratch: &mut Scratch,
+        winners: &mut Winners,
     ) -> Result<Vec<bool>> {
-        let n = batch.num_rows();
-        let named = |name: &String| {
-            batch
-                .column_by_name(name)
-                .cloned()
-                .ok_or_else(|| Error::MissingRequiredColumn {
-                    path: path.to_path_buf(),
-                    column: name.clone(),
-                })
-        };
-        let key_columns: Vec<ArrayRef> = self.spec.keys.iter().map(named).collect::<Result<_>>()?;
-        let keys = self
-            .layouts
-            .keys
-            .canonicalise(&key_columns)
-            .map_err(Error::arrow(path))?;
-        keys.encode_rows(&mut scratch.rows);
-        let version_columns: Vec<ArrayRef> = self
-            .spec
-            .versions
-            .iter()
-            .map(named)
-            .collect::<Result<_>>()?;
-        self.layouts
-            .versions
-            .encode(&version_columns, n, &mut scratch.versions)
-            .map_err(Error::arrow(path))?;
-        scratch.tombstones.clear();
-        match &self.spec.options.deletes {
-            Some(deletes) => deletes
-                .mark_tombstones(&named(&deletes.op_column)?, &mut scratch.tombstones)
-                .map_err(Error::arrow(path))?,
-            None => scratch.tombstones.resize(n, false),
-        }
-        let times = event_micros(batch, &self.options.time_column, path)?;
-        if times.null_count() > 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{}: --time-column '{}' is null in {} winning rows; the state cannot expire \
-                 keys without an event time",
-                path.display(),
-                self.options.time_column,
-                times.null_count()
-            )));
-        }
+        winners.read(
+            batch,
+            path,
+            &self.spec,
+            &self.layouts,
+            &self.options.time_column,
+        )?;
         let width = self.layouts.versions.width();
         let bits = self.manifest.partition_bits;
-        let mut emit = Vec::with_capacity(n);
-        for row in 0..n {
-            let hash = twox_hash::XxHash3_128::oneshot(scratch.rows.row(row));
-            let version = &scratch.versions[row * width..(row + 1) * width];
-            let time = times.value(row);
-            let is_delete = scratch.tombstones[row];
-            let emitted = match self.entries.find(hash) {
-                Some(at) if version > self.entries.version(at) => {
-                    let was_live = !self.entries.deleted[at];
-                    let start = at * width;
-                    self.entries.versions[start..start + width].copy_from_slice(version);
-                    self.entries.times[at] = self.entries.times[at].max(time);
-                    self.entries.deleted[at] = is_delete;
-                    self.entries.touched[partition_of(hash, bits)] = true;
-                    // A delete of a key that is already deleted downstream has nothing to do.
-                    if is_delete && !was_live {
-                        self.report.deletes_recorded += 1;
-                        false
-                    } else {
-                        self.report.updated += 1;
-                        self.report.deletes_emitted += u64::from(is_delete);
-                        true
+        let watermark = self.watermark_us;
+        let mut emit = Vec::with_capacity(winners.len());
+        for row in 0..winners.len() {
+            let hash = winners.hashes[row];
+            let version = winners.version(row);
+            let time = winners.times[row];
+            let is_delete = winners.tombstones[row];
+            let at = self.entries.find(hash);
+            let known = at.map(|at| Known {
+                version: self.entries.version(at),
+                deleted: self.entries.deleted[at],
+                time: self.entries.times[at],
+            });
+            let verdict = judge(known, version, is_delete, time, watermark);
+            if known.is_none() && matches!(verdict, Verdict::New | Verdict::DeleteRecorded) {
+                // Only rows of recent event time: a late row is a replay of an old event,
+                // counted as late; a key that comes back with a new time was re-sent by
+                // its producer.
+                if self.filters.is_empty() && !self.manifest.evicted.is_empty() {
+                    self.filters = load_filters(&self.dir, &self.manifest)?;
+                }
+                if self.filters.iter().any(|f| f.contains(hash)) {
+                    self.report.evicted_then_seen += 1;
+                }
+            }
+            if verdict.records() {
+                let time = Verdict::event_time(known, time);
+                match at {
+                    Some(at) => {
+                        let start = at * width;
+                        self.entries.versions[start..start + width].copy_from_slice(version);
+                        self.entries.times[at] = time;
+                        self.entries.deleted[at] = is_delete;
                     }
+                    None => self.entries.insert(hash, version, time, is_delete),
                 }
-                Some(_) => {
-                    self.report.seen_before += 1;
-                    false
-                }
-                None => self.unseen(hash, version, time, is_delete, path)?,
-            };
-            emit.push(emitted);
+                self.entries.touched[partition_of(hash, bits)] = true;
+            }
+            emit.push(self.report.count(verdict, self.options.late, || {
+                late_error(path, time, watermark)
+            })?);
         }
         Ok(emit)
-    }
-
-    /// A winner whose key the state does not hold.
-    fn unseen(
-        &mut self,
-        hash: u128,
-        version: &[u8],
-        time: i64,
-        is_delete: bool,
-        path: &Path,
-    ) -> Result<bool> {
-        if self.watermark_us.is_some_and(|w| time < w) {
-            self.report.late += 1;
-            return match self.options.late {
-                LatePolicy::Drop => Ok(false),
-                LatePolicy::Emit => {
-                    self.report.deletes_emitted += u64::from(is_delete);
-                    Ok(true)
-                }
-                LatePolicy::Error => Err(Error::InvalidArgument(format!(
-                    "{}: a row of event time {} is older than the state's watermark {} \
-                     (--late error); nothing was written",
-                    path.display(),
-                    rfc3339(time),
-                    self.watermark_us.map(rfc3339).unwrap_or_default()
-                ))),
-            };
-        }
-        // Only rows of recent event time: a late row is a replay of an old event, counted
-        // above; a key that comes back with a new time was re-sent by its producer.
-        if self.filters.is_empty() && !self.manifest.evicted.is_empty() {
-            self.filters = load_filters(&self.dir, &self.manifest)?;
-        }
-        if self.filters.iter().any(|f| f.contains(hash)) {
-            self.report.evicted_then_seen += 1;
-        }
-        let bits = self.manifest.partition_bits;
-        self.entries.insert(hash, version, time, is_delete);
-        self.entries.touched[partition_of(hash, bits)] = true;
-        if is_delete {
-            self.report.deletes_recorded += 1;
-            Ok(false)
-        } else {
-            self.report.new_keys += 1;
-            Ok(true)
-        }
     }
 
     /// Writes the next state's files (the output is not committed yet): partitions that
@@ -670,7 +489,7 @@ impl StateFilter {
     ///
     /// # Errors
     /// A state file that cannot be written.
-    pub(crate) fn stage(mut self) -> Result<StagedState> {
+    pub(crate) fn stage(mut self) -> Result<StagedFiles> {
         let version = self.manifest.version + 1;
         let run_id = run_id(&self.fingerprint, version);
         let bits = self.manifest.partition_bits;
@@ -748,7 +567,7 @@ impl StateFilter {
         next.files = files;
         next.evicted = evicted;
         self.report.files_written = written.len();
-        Ok(StagedState {
+        Ok(StagedFiles {
             dir: self.dir,
             previous: self.manifest,
             next,
@@ -813,7 +632,7 @@ impl Entries {
 }
 
 /// A state whose files are written, waiting for the output to commit first.
-pub(crate) struct StagedState {
+pub(crate) struct StagedFiles {
     dir: RemoteLocation,
     previous: Manifest,
     next: Manifest,
@@ -823,7 +642,7 @@ pub(crate) struct StagedState {
     options: StateOptions,
 }
 
-impl StagedState {
+impl StagedFiles {
     /// Commits the state after the output: creates the next manifest, unless another run
     /// committed that version first. Then removes what no manifest needs any more.
     ///
@@ -928,11 +747,6 @@ fn report_of(manifest: &Manifest, options: &StateOptions, already_applied: bool)
         watermark: manifest.watermark_us.map(rfc3339),
         ..StateReport::default()
     }
-}
-
-fn rfc3339(micros: i64) -> String {
-    arrow::temporal_conversions::timestamp_us_to_datetime(micros)
-        .map_or_else(|| micros.to_string(), |t| t.and_utc().to_rfc3339())
 }
 
 /// A name no other run uses: the state version, and a hash of the batch, the process and
@@ -1058,16 +872,5 @@ mod tests {
         assert_eq!(partition_of(u128::MAX, 4), 15);
         assert_eq!(partition_of(1, 4), 0);
         assert_eq!(partition_of(u128::MAX, 0), 0);
-    }
-
-    #[test]
-    fn late_policies_parse_and_print() {
-        for policy in ["drop", "emit", "error"] {
-            assert_eq!(
-                policy.parse::<LatePolicy>().map(|p| p.to_string()),
-                Ok(policy.to_owned())
-            );
-        }
-        assert!("keep".parse::<LatePolicy>().is_err());
     }
 }
