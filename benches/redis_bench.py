@@ -43,9 +43,18 @@ def main():
         subprocess.run([args.idem, "generate", "-o", events, "--rows", str(args.rows),
                         "--files", "8", "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
     server = redis.Redis.from_url(args.url)
+    server_pid = server.info("server")["process_id"]
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def server_cpu():
+        """CPU seconds the server has used (it runs on the same machine)."""
+        with open(f"/proc/{server_pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
     state_args = ["--time-column", "event_time", "--retention", "400d"]
     runs = {"none": [], "files": [], "redis": []}
     memory = []
+    server_seconds = []
     for round_ in range(args.rounds):
         outputs = {}
         for name in runs:
@@ -60,7 +69,10 @@ def main():
             elif name == "redis":
                 server.flushall()
                 argv += ["--state", f"{args.url}?prefix=bench", *state_args]
+            before = server_cpu()
             wall, cpu, rss, failure = measure(argv, 3600)
+            if name == "redis":
+                server_seconds.append(server_cpu() - before)
             if failure:
                 sys.exit(f"{name}: {failure}")
             runs[name].append((wall, cpu, rss))
@@ -85,7 +97,8 @@ def main():
         rss = statistics.median(r for _, _, r in runs[name])
         print(f"| {label} | {wall:.2f} s | {cpu:.2f} s | {rss:.0f} MiB | {wall / none:.2f} | {wall / files:.2f} |")
     used, keys = memory[-1]
-    print(f"\nRedis after a run: {keys:,} keys (entries and the state's 4 bookkeeping keys), "
+    print(f"\nredis-server CPU during a Redis-state run: {statistics.median(server_seconds):.2f} s (median)")
+    print(f"Redis after a run: {keys:,} keys (entries and the state's 4 bookkeeping keys), "
           f"used_memory {used / 2**20:.1f} MiB, {used / max(keys, 1):.1f} bytes per key")
 
 

@@ -237,7 +237,7 @@ def concurrent():
 
 def killed():
     """12 SIGKILLs at random moments; a re-run gives the uninterrupted output and entries."""
-    per_day = 40000
+    per_day = 20000
     day0 = write("kill-day0", delivery(0, per_day, [1]))
     day1 = write("kill-day1", delivery(1, per_day, [1]))
     extra = ["--retention", "7d"]

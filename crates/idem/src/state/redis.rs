@@ -11,10 +11,11 @@
 //!                       [· the same of the entry this run replaced]
 //! ```
 //!
-//! Each winner is judged exactly as the file state judges it ([`judge`]): a batch of
-//! winners reads its entries (`MGET`), decides, and writes what it decided with one Lua
-//! compare-and-set per batch: an entry is written only if it still holds what the run read,
-//! otherwise the run reads it again and decides again. So two jobs racing on a key emit it
+//! Each winner is judged exactly as the file state judges it ([`judge`]). It is first judged
+//! as if its key were new and claimed with `SET … NX GET` (pipelined): the server sets the
+//! entry only if the key is absent, and otherwise returns what it holds; such a key is
+//! judged again on that and written by a Lua compare-and-set, only if the entry still holds
+//! what the run read (otherwise the run decides again). So two jobs racing on a key emit it
 //! once in total, and a newer version is never overwritten by an older one.
 //!
 //! Redis cannot commit together with the output, and entries are written before it (that is
@@ -38,6 +39,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
 
 use super::{
     BatchFacts, Known, Layout, Layouts, Prepared, StateFilter, StateOptions, StateReport, Verdict,
@@ -135,7 +137,8 @@ struct Meta {
     layout: Layout,
 }
 
-/// A connection to the server, with the runtime that drives it (the dedup is synchronous).
+/// A connection to the server, with the runtime that drives it (the dedup is synchronous:
+/// it waits on requests, or sends them ahead and collects the replies later).
 struct Server {
     runtime: Runtime,
     connection: MultiplexedConnection,
@@ -176,7 +179,10 @@ impl Server {
             // The process's rustls provider, where nothing chose one yet.
             let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // One worker drives the connection, so that requests are in flight while the run
+        // judges the next winners.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| failed(format!("cannot start the I/O runtime: {e}")))?;
@@ -222,6 +228,43 @@ impl Server {
         let mut connection = self.connection.clone();
         self.runtime
             .block_on(command.query_async(&mut connection))
+            .map_err(|e| self.error(&e))
+    }
+
+    /// Adds to `pipeline` the changes of live entries per minute of expiry, without replies.
+    fn count_expiries(
+        &self,
+        pipeline: &mut redis::Pipeline,
+        minutes: &std::collections::BTreeMap<i64, i64>,
+    ) {
+        for (minute, count) in minutes {
+            pipeline
+                .cmd("HINCRBY")
+                .arg(self.key("expiry"))
+                .arg(minute)
+                .arg(count)
+                .ignore();
+        }
+    }
+
+    /// Sends `pipeline` without waiting for its replies.
+    fn send_pipeline(
+        &self,
+        pipeline: redis::Pipeline,
+    ) -> JoinHandle<redis::RedisResult<Vec<Value>>> {
+        let mut connection = self.connection.clone();
+        self.runtime
+            .spawn(async move { pipeline.query_async(&mut connection).await })
+    }
+
+    /// The reply of a request sent ahead.
+    fn wait<T>(&self, sent: JoinHandle<redis::RedisResult<T>>) -> Result<T> {
+        self.runtime
+            .block_on(sent)
+            .map_err(|e| Error::Redis {
+                target: self.display.clone(),
+                message: format!("the I/O task failed: {e}"),
+            })?
             .map_err(|e| self.error(&e))
     }
 
@@ -494,55 +537,142 @@ impl WinnerFilter for RedisState {
 
 impl RedisState {
     /// Whether each winner leaves the run; records the decisions on the server.
+    ///
+    /// Most keys of a run are new to the state, so each winner is first judged as if its
+    /// key were absent and claimed with `SET … NX GET` (pipelined, a chunk in flight while
+    /// the next is judged): the server sets the entry only if the key is absent, and
+    /// otherwise returns what it holds. A key the server holds is then decided again on
+    /// that, and written by compare-and-set. A row that would be late if its key were
+    /// absent is read first.
     fn decide(&mut self, winners: &Winners, path: &Path) -> Result<Vec<bool>> {
-        let mut emit = Vec::with_capacity(winners.len());
+        let n = winners.len();
+        let mut verdicts = vec![Verdict::SeenBefore; n];
+        let mut held: Vec<(usize, Option<Vec<u8>>)> = Vec::new();
+        let mut unread: Vec<usize> = Vec::new();
+        let mut claims = Vec::new();
         let mut start = 0;
-        while start < winners.len() {
-            let end = (start + CHUNK).min(winners.len());
-            let verdicts = self.decide_chunk(winners, start..end, path)?;
-            for (row, verdict) in (start..end).zip(verdicts) {
-                let time = winners.times[row];
-                let watermark = self.watermark_us;
-                emit.push(self.report.count(verdict, self.options.late, || {
-                    late_error(path, time, watermark)
-                })?);
+        while start < n {
+            let range = start..(start + CHUNK).min(n);
+            start = range.end;
+            let mut pipeline = redis::pipe();
+            let mut claimed = Vec::new();
+            let mut minutes: std::collections::BTreeMap<i64, i64> = Default::default();
+            for row in range {
+                let (verdict, write) = self.judge_row(winners, row, None, path)?;
+                verdicts[row] = verdict;
+                let Some(Write {
+                    value: Some(stored),
+                    ..
+                }) = write
+                else {
+                    // Not recorded if its key is absent: whether it is, decides.
+                    unread.push(row);
+                    continue;
+                };
+                let at = self.expires_at(&stored.entry);
+                pipeline
+                    .cmd("SET")
+                    .arg(self.server.entry_key(winners.hashes[row]))
+                    .arg(stored.encode())
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PXAT")
+                    .arg(at);
+                claimed.push((row, at.div_euclid(MINUTE_MS)));
+                *minutes.entry(at.div_euclid(MINUTE_MS)).or_default() += 1;
             }
-            start = end;
+            self.server.count_expiries(&mut pipeline, &minutes);
+            if !claimed.is_empty() {
+                claims.push((claimed, self.server.send_pipeline(pipeline)));
+            }
+        }
+        for (claimed, sent) in claims {
+            let replies = self.server.wait(sent)?;
+            if replies.len() != claimed.len() {
+                return Err(self.unexpected("claims"));
+            }
+            let mut lost: std::collections::BTreeMap<i64, i64> = Default::default();
+            for ((row, minute), reply) in claimed.into_iter().zip(replies) {
+                match reply {
+                    Value::Nil => self.recorded.push(winners.hashes[row]),
+                    Value::BulkString(value) => {
+                        // The server holds the key: nothing was set.
+                        held.push((row, Some(value)));
+                        *lost.entry(minute).or_default() -= 1;
+                    }
+                    _ => return Err(self.unexpected("claim")),
+                }
+            }
+            if !lost.is_empty() {
+                let mut pipeline = redis::pipe();
+                self.server.count_expiries(&mut pipeline, &lost);
+                let sent = self.server.send_pipeline(pipeline);
+                self.server.wait(sent)?;
+            }
+        }
+        for rows in unread.chunks(CHUNK) {
+            let keys: Vec<Vec<u8>> = rows
+                .iter()
+                .map(|&row| self.server.entry_key(winners.hashes[row]))
+                .collect();
+            let values: Vec<Option<Vec<u8>>> = self.server.query(redis::cmd("MGET").arg(keys))?;
+            held.extend(
+                rows.iter()
+                    .zip(values)
+                    .filter(|(_, value)| value.is_some())
+                    .map(|(&row, value)| (row, value)),
+            );
+        }
+        held.sort_unstable_by_key(|(row, _)| *row);
+        for rows in held.chunks_mut(CHUNK) {
+            let decided = self.decide_held(winners, rows, path)?;
+            for ((row, _), verdict) in rows.iter().zip(decided) {
+                verdicts[*row] = verdict;
+            }
+        }
+        let mut emit = Vec::with_capacity(n);
+        for (row, verdict) in verdicts.into_iter().enumerate() {
+            let time = winners.times[row];
+            let watermark = self.watermark_us;
+            emit.push(self.report.count(verdict, self.options.late, || {
+                late_error(path, time, watermark)
+            })?);
         }
         Ok(emit)
     }
 
-    /// The verdicts of the winners `rows`, written to the server.
-    fn decide_chunk(
+    /// The verdicts of the winners `rows` (each with the value read for it, `None` where it
+    /// must be read again), written by compare-and-set until no other run changed them.
+    fn decide_held(
         &mut self,
         winners: &Winners,
-        rows: std::ops::Range<usize>,
+        rows: &mut [(usize, Option<Vec<u8>>)],
         path: &Path,
     ) -> Result<Vec<Verdict>> {
         let keys: Vec<Vec<u8>> = rows
-            .clone()
-            .map(|row| self.server.entry_key(winners.hashes[row]))
+            .iter()
+            .map(|(row, _)| self.server.entry_key(winners.hashes[*row]))
             .collect();
-        let mut current: Vec<Option<Vec<u8>>> = self.server.query(redis::cmd("MGET").arg(&keys))?;
+        let hashes: Vec<u128> = rows.iter().map(|(row, _)| winners.hashes[*row]).collect();
         let mut verdicts = vec![Verdict::SeenBefore; keys.len()];
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         for _ in 0..MAX_ROUNDS {
             let mut writes = Vec::new();
             for &at in &pending {
-                let row = rows.start + at;
-                let (verdict, write) = self.judge_row(winners, row, current[at].take(), path)?;
+                let (row, read) = &mut rows[at];
+                let (verdict, write) = self.judge_row(winners, *row, read.take(), path)?;
                 verdicts[at] = verdict;
                 if let Some(write) = write {
                     writes.push(Write { row: at, ..write });
                 }
             }
-            let conflicts = self.write(&keys, &writes, &winners.hashes[rows.clone()])?;
+            let conflicts = self.write(&keys, &writes, &hashes)?;
             if conflicts.is_empty() {
                 return Ok(verdicts);
             }
             pending = conflicts.iter().map(|(at, _)| *at).collect();
             for (at, value) in conflicts {
-                current[at] = value;
+                rows[at].1 = value;
             }
         }
         Err(Error::Redis {
@@ -554,6 +684,17 @@ impl RedisState {
                 path.display()
             ),
         })
+    }
+
+    /// When an entry expires on the server's clock: its event time + the horizon (PXAT
+    /// takes a positive time; one in the past deletes the entry at once).
+    fn expires_at(&self, entry: &Entry) -> i64 {
+        let horizon_ms = self.options.horizon_us() / 1000;
+        entry
+            .time
+            .div_euclid(1000)
+            .saturating_add(horizon_ms)
+            .max(1)
     }
 
     /// The verdict for winner `row` given the stored value `read`, and what to write.
@@ -644,10 +785,7 @@ impl RedisState {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
-        let horizon_ms = self.options.horizon_us() / 1000;
-        // PXAT takes a positive time; one in the past deletes the entry at once.
-        let expiry =
-            |entry: &Entry| (entry.time.div_euclid(1000).saturating_add(horizon_ms)).max(1);
+        let expiry = |entry: &Entry| self.expires_at(entry);
         let mut call_keys = Vec::with_capacity(writes.len() + 1);
         call_keys.push(self.server.key("expiry").into_bytes());
         let mut args = Vec::with_capacity(writes.len() * 5);
