@@ -42,7 +42,8 @@ def main():
     if not os.path.isdir(events):
         subprocess.run([args.idem, "generate", "-o", events, "--rows", str(args.rows),
                         "--files", "8", "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
-    server = redis.Redis.from_url(args.url)
+    # FLUSHALL of millions of keys takes seconds; the client waits for it.
+    server = redis.Redis.from_url(args.url, socket_timeout=600)
     server_pid = server.info("server")["process_id"]
     ticks = os.sysconf("SC_CLK_TCK")
 
