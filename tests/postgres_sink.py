@@ -28,6 +28,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cli_checks import fails_in_one_line
+
 IDEM = sys.argv[1] if len(sys.argv) > 1 else "target/debug/idem"
 URL = os.environ["IDEM_TEST_PG_URL"]
 CA = os.environ["IDEM_TEST_PG_CA"]
@@ -340,13 +342,7 @@ def killed():
 # --- bad input and connections ---------------------------------------------------------
 
 def fails(args, *needles, env=None):
-    done = subprocess.run([IDEM, *args], capture_output=True, text=True, env=env)
-    assert done.returncode == 1, f"{args}: exit {done.returncode}\n{done.stderr}"
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, f"{args}: not one line:\n{done.stderr}"
-    for needle in needles:
-        assert needle in lines[0], f"{args}: {needle!r} not in {lines[0]!r}"
-    return lines[0]
+    return fails_in_one_line(IDEM, args, *needles, env=env)
 
 
 def bad_input():

@@ -134,7 +134,8 @@ pub(super) fn prepare(
             ))));
         }
     }
-    let batch_max = batch.newest_event_time(&options.time_column)?;
+    let (max_event_time_us, watermark_us) =
+        batch.clock(manifest.as_ref().and_then(|m| m.max_event_time_us), options)?;
     let layout = batch.layouts.layout();
     let manifest = manifest.unwrap_or_else(|| Manifest {
         format: FORMAT.to_owned(),
@@ -146,11 +147,6 @@ pub(super) fn prepare(
         partition_bits: PARTITION_BITS,
         ..Manifest::default()
     });
-    let max_event_time_us = match (manifest.max_event_time_us, batch_max) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
-    let watermark_us = max_event_time_us.map(|t| t.saturating_sub(options.horizon_us()));
     Ok(Prepared::Ready(StateFilter::Files(Box::new(FileState {
         dir,
         options: options.clone(),

@@ -329,6 +329,27 @@ impl BatchFacts {
         })
     }
 
+    /// The run's newest event time and watermark (µs), given the committed runs' newest
+    /// event time: the newest of both, and that less the horizon.
+    ///
+    /// # Errors
+    /// The time column is missing or not temporal.
+    fn clock(
+        &self,
+        committed_max: Option<i64>,
+        options: &StateOptions,
+    ) -> Result<(Option<i64>, Option<i64>)> {
+        let batch_max = self.newest_event_time(&options.time_column)?;
+        let newest = match (committed_max, batch_max) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Ok((
+            newest,
+            newest.map(|t| t.saturating_sub(options.horizon_us())),
+        ))
+    }
+
     /// The newest event time of the batch in microseconds (a read of the time column
     /// alone), `None` when every value is null or there are no rows.
     fn newest_event_time(&self, column: &str) -> Result<Option<i64>> {

@@ -357,12 +357,7 @@ pub(super) fn prepare(
         report.keys = live_keys(&server)?;
         return Ok(Prepared::AlreadyApplied(Box::new(report)));
     }
-    let batch_max = batch.newest_event_time(&options.time_column)?;
-    let max_event_time_us = match (committed_max, batch_max) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
-    let watermark_us = max_event_time_us.map(|t| t.saturating_sub(options.horizon_us()));
+    let (max_event_time_us, watermark_us) = batch.clock(committed_max, options)?;
     let tag = twox_hash::XxHash3_64::oneshot(batch.fingerprint.as_bytes());
     Ok(Prepared::Ready(StateFilter::Redis(Box::new(RedisState {
         server: Arc::new(server),
